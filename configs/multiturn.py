@@ -1,0 +1,165 @@
+"""Multi-turn GRPO (Kevin, arXiv 2507.11948): the main job.
+
+Run (from the repository root, one GPU):
+  python -m kevin_jax.main --config=configs/multiturn.py --workdir=runs/multiturn
+
+Presets, comma-separated after a colon (big_vision style):
+  configs/multiturn.py:runlocal   tiny policy, 2 tasks, 2 trajectories x 2 turns: a smoke run in minutes.
+  configs/multiturn.py:paper      the paper's recipe: a local QwQ-32B-class HF checkpoint
+                                  (--config.policy.checkpoint=DIR), KernelBench L1+L2
+                                  (--config.tasks.source=DIR), 8 GPUs, 16k/22k-token responses.
+Any field can be overridden: --config.rl.gamma=0.8. A misspelt field is an error (the config is locked).
+
+Paper values cite `reference/kevin-paper.md` (the team's notes on the paper) by section: [P §n].
+"""
+
+import ml_collections
+
+# Every field is declared here; other configs (singleturn, eval, sft) start from this one.
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.mode = "train"  # Which job main.py runs: train | evaluate | sft.
+  c.seed = 0  # Root PRNG seed: parameters, sampling, task order.
+  c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
+  c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1].
+
+  # --- Policy: the Flax NNX Qwen2 model. ---
+  c.policy = ml_collections.ConfigDict()
+  c.policy.preset = "small"  # Shape preset: tiny | small | qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | qwq-32b.
+  c.policy.checkpoint = ""  # Local HF directory (config.json + safetensors); '' = embedded default policy.
+  c.policy.tokenizer = ""  # Tokenizer directory; '' = the checkpoint's, else the bundled small tokenizer.
+  c.policy.param_dtype = "bfloat16"  # Parameter storage dtype: bfloat16 | float32.
+  c.policy.compute_dtype = "bfloat16"  # Matmul/activation dtype; norms, softmax and logits stay fp32.
+  c.policy.remat = "none"  # Per-layer rematerialisation: none | full | dots (save matmul outputs only).
+
+  # --- Sampler: the jitted KV-cache generator. ---
+  c.sampler = ml_collections.ConfigDict()
+  c.sampler.temperature = 0.9  # Softmax temperature, train and eval [P §1 "Sampling"].
+  c.sampler.top_p = 1.0  # Nucleus mass (1.0 = off).
+  c.sampler.top_k = 0  # Top-k (0 = off).
+  c.sampler.max_new_tokens = 1024  # Response budget per turn, tokens. Paper: 16384, 22528 after step 30 [P §1].
+  c.sampler.batch_size = 64  # Sequences decoded together, per generate call.
+  c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
+  c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
+
+  # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.tasks_per_step = 8  # Tasks per RL step [P §1: 8 tasks per batch].
+  c.rollout.trajectories = 16  # Parallel trajectories per task, m [P §1: 16].
+  c.rollout.turns = 4  # Refinement turns per trajectory, n [P §1: 4 in training, 8 at test].
+  c.rollout.max_context_tokens = 4096  # Prompt budget per turn, tokens; oldest earlier turns dropped first.
+  c.rollout.feedback_max_chars = 2000  # Evaluator feedback kept per earlier turn, characters.
+  c.rollout.save_turns = True  # Write every turn (prompt id, response, result) to workdir/rollouts/*.jsonl.
+
+  # --- RL: Kevin's GRPO variant [P §2, §3]. ---
+  c.rl = ml_collections.ConfigDict()
+  c.rl.gamma = 0.4  # Turn discount: R_t = sum_{i>=t} gamma^(i-t) s_i [P §2 "Aggregation", best: sum, 0.4].
+  c.rl.return_mode = "sum"  # Turn-return aggregation: sum | max [P §2].
+  c.rl.adv_std_normalize = True  # Divide advantages by the per-task std [P eq. 1]; False = Dr. GRPO style.
+  c.rl.adv_baseline = "mean"  # Per-task baseline over the m*n turn-samples: mean | leave_one_out.
+  c.rl.adv_eps = 1e-6  # Added to the std before dividing (all-equal groups get advantage 0).
+  c.rl.epsilon_low = 0.2  # PPO clip below 1 [P §1: Clip-Higher 0.2/0.28].
+  c.rl.epsilon_high = 0.28  # PPO clip above 1 (DAPO Clip-Higher) [P §1].
+  c.rl.loss_agg = "constant"  # token_mean | seq_mean | constant (sum / loss_constant, Dr. GRPO) [P §3].
+  c.rl.loss_constant = 1024.0  # Divisor for loss_agg=constant, tokens (Dr. GRPO: max response length).
+  c.rl.kl_beta = 0.0  # KL-to-reference weight; paper uses 0 [P §1 "KL penalty"].
+  c.rl.kl_estimator = "k3"  # k1 | k3 (Schulman) KL estimator, used only when kl_beta > 0.
+  c.rl.updates_per_batch = 2  # Optimizer steps per rollout batch (on-/off-policy pair) [P §1].
+  c.rl.micro_batch_size = 8  # Sequences per gradient-accumulation micro-batch (memory knob, not math).
+
+  # --- Optimizer: Optax AdamW [P §1 "Learning rate", "Gradient clipping"]. ---
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.learning_rate = 2e-6  # Peak LR, constant after warmup [P §1: 2e-6].
+  c.optimizer.warmup_ratio = 0.03  # Fraction of total optimizer steps spent warming up linearly [P §1].
+  c.optimizer.b1 = 0.9  # Adam beta1.
+  c.optimizer.b2 = 0.999  # Adam beta2.
+  c.optimizer.eps = 1e-8  # Adam epsilon.
+  c.optimizer.weight_decay = 0.0  # Decoupled weight decay (OpenRLHF default 0).
+  c.optimizer.max_grad_norm = 0.05  # Global-norm clip [P §3: 0.05 in the stabilised recipe].
+  c.optimizer.state_dtype = "float32"  # Adam moment dtype: float32 | bfloat16.
+
+  # --- Evaluator: sandboxed NVRTC/CuPy workers (never imported by the learner). ---
+  c.evaluator = ml_collections.ConfigDict()
+  c.evaluator.gpus = ""  # CUDA_VISIBLE_DEVICES for workers ('' = every visible GPU, shared with JAX).
+  c.evaluator.workers_per_gpu = 1  # Worker slots per GPU (1 keeps timings clean).
+  c.evaluator.compile_workers = 0  # NVRTC compile processes (0 = number of CPU cores, at most 16).
+  c.evaluator.correctness_trials = 5  # Fresh random input sets checked per candidate (KernelBench: 5).
+  c.evaluator.timing_runs = 100  # Timed launches per side, median taken (KernelBench: 100).
+  c.evaluator.warmup_runs = 3  # Untimed launches per side before timing.
+  c.evaluator.atol = 1e-4  # fp32 absolute tolerance (KernelBench today: 1e-4).
+  c.evaluator.rtol = 1e-4  # fp32 relative tolerance.
+  c.evaluator.correct_weight = 0.3  # Score weight of correctness: S = w*1[correct] + speedup*1[correct] [P §2].
+  c.evaluator.speedup_cap = 0.0  # Cap on the speedup term (0 = none; the paper has none).
+  c.evaluator.log_speedup = False  # Use log2(1 + speedup) instead of speedup in the score.
+  c.evaluator.excessive_speedup = 10.0  # Speedups above this re-validate outputs captured during timing.
+  c.evaluator.compile_timeout_s = 60.0  # Wall-clock limit for compiling one candidate, seconds.
+  c.evaluator.run_timeout_s = 60.0  # Wall-clock limit for correctness + timing of one candidate, seconds.
+  c.evaluator.recycle_after = 50  # Worker evaluations before it is replaced (leaked modules, __device__ state).
+  c.evaluator.worker_host_memory_gb = 32.0  # RLIMIT_AS-style host memory cap per worker, GiB (0 = none).
+  c.evaluator.jax_memory_fraction = 0.6  # GPU memory fraction JAX may take when workers share the GPU.
+
+  # --- Tasks: the bundled suite or a KernelBench checkout. ---
+  c.tasks = ml_collections.ConfigDict()
+  c.tasks.source = "bundled"  # 'bundled' | path to a KernelBench-style directory | path to one task file.
+  c.tasks.levels = (1, 2)  # Levels loaded from a KernelBench directory (level1/, level2/ ...).
+  c.tasks.train_ids = ()  # Explicit training task ids ('level1/19_ReLU'); () = deterministic split.
+  c.tasks.test_ids = ()  # Explicit held-out task ids; () = the complement of train_ids.
+  c.tasks.test_fraction = 0.25  # Held-out share per level when splitting automatically.
+  c.tasks.split_seed = 0  # Seed of the deterministic split.
+
+  # --- Mesh: all partitioning rules live in kevin_jax/sharding.py. ---
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # (name, size); exactly one -1 is filled with the rest.
+
+  # --- Checkpoints (Orbax) in workdir/checkpoints. ---
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 5  # Save every k RL steps (and always at the last step).
+  c.checkpoint.keep = 3  # Keep the last K checkpoints.
+
+  # --- Logging: workdir/metrics.jsonl and TensorBoard events. ---
+  c.logging = ml_collections.ConfigDict()
+  c.logging.tensorboard = True  # Also write TensorBoard event files (tensorboardX).
+  c.logging.progress_every_s = 10.0  # Seconds between progress lines on long loops.
+
+  _apply_presets(c, arg)
+  return c
+
+
+def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
+  presets = [a for a in arg.split(",") if a]
+  for name in presets:
+    if name == "runlocal":
+      c.total_steps = 2
+      c.policy.preset = "tiny"
+      c.policy.param_dtype = "float32"
+      c.policy.compute_dtype = "float32"
+      c.sampler.max_new_tokens = 64
+      c.sampler.batch_size = 8
+      c.sampler.prompt_buckets = (256, 512, 1024, 2048)
+      c.rollout.tasks_per_step = 2
+      c.rollout.trajectories = 2
+      c.rollout.turns = 2
+      c.rollout.max_context_tokens = 2048
+      c.rl.loss_constant = 64.0
+      c.rl.micro_batch_size = 4
+      c.evaluator.correctness_trials = 2
+      c.evaluator.timing_runs = 10
+      c.checkpoint.every_steps = 1
+    elif name == "paper":
+      c.total_steps = 40  # [P §1: "up to 40 steps (80 gradient steps)"].
+      c.policy.preset = "qwq-32b"
+      c.sampler.max_new_tokens = 16384  # [P §1]; raise to 22528 at step 30 by resuming with an override.
+      c.sampler.batch_size = 128
+      c.rollout.tasks_per_step = 8
+      c.rollout.trajectories = 16
+      c.rollout.turns = 4
+      c.rollout.max_context_tokens = 8192  # max_prompt_length 8192 [P §1 "Token budgets"].
+      c.rl.loss_constant = 16384.0
+      c.rl.micro_batch_size = 1
+      c.policy.remat = "full"
+      c.tasks.source = "KernelBench/KernelBench"  # Point at a local checkout.
+      c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs (STYLE.md practice 7).
+    else:
+      raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper")

@@ -1,0 +1,59 @@
+"""Shared test setup.
+
+- 8 fake CPU devices for sharding tests (set before JAX is imported anywhere).
+- JAX runs on the CPU unless JAX_PLATFORMS is set (GPU JAX tests set it: JAX_PLATFORMS=cuda,cpu).
+- jax_numpy_rank_promotion="raise": implicit rank broadcasting is a bug in our code.
+- `gpu` marker: skipped unless a CUDA GPU answers (checked through the driver, without torch/JAX/CuPy).
+"""
+
+import ctypes
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+import pytest  # pylint: disable=g-import-not-at-top
+
+
+def _cuda_gpu_count() -> int:
+  try:
+    lib = ctypes.CDLL("libcuda.so.1")
+  except OSError:
+    return 0
+  if lib.cuInit(0) != 0:
+    return 0
+  count = ctypes.c_int(0)
+  if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    return 0
+  return count.value
+
+
+HAS_GPU = _cuda_gpu_count() > 0
+
+
+def pytest_configure(config):
+  del config
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  if HAS_GPU:
+    return
+  skip = pytest.mark.skip(reason="needs a CUDA GPU (none found through libcuda)")
+  for item in items:
+    if "gpu" in item.keywords:
+      item.add_marker(skip)
+
+
+@pytest.fixture
+def cpu_devices8():
+  """Eight fake CPU devices (XLA_FLAGS above)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = jax.devices("cpu")
+  if len(devices) < 8:
+    pytest.fail(f"expected 8 fake CPU devices, got {len(devices)}: XLA_FLAGS was set too late")
+  return devices[:8]
