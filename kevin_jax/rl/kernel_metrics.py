@@ -1,0 +1,74 @@
+"""Pure metric math for rollouts and evaluation runs (paper §4 "Metrics", §3 monitors).
+
+Definitions [P §4]:
+- a trajectory is correct if any of its kernels is correct;
+- a trajectory's performance is the speedup of its fastest correct kernel, 0 if none is correct;
+- over k parallel trajectories of a task, best@k is the maximum and avg@k the mean; reported numbers average
+  the per-task values over tasks;
+- fast_p: the trajectory has a correct kernel with speedup >= p (KernelBench's fast_p per trajectory);
+- "at turn t" uses only the first t turns of each trajectory.
+
+Arrays: correct_KxN (bool) and speedup_KxN (float, ignored where not correct) for K trajectories of N turns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def trajectory_performance(correct_KxN: np.ndarray, speedup_KxN: np.ndarray, turns: int | None = None):
+  """(correct_K, perf_K) using the first `turns` turns (all if None)."""
+  correct_KxN = np.asarray(correct_KxN, bool)
+  speedup_KxN = np.asarray(speedup_KxN, float)
+  if correct_KxN.shape != speedup_KxN.shape or correct_KxN.ndim != 2:
+    raise ValueError(f"expected matching [K, N] arrays, got {correct_KxN.shape} and {speedup_KxN.shape}")
+  n = correct_KxN.shape[1] if turns is None else turns
+  c, s = correct_KxN[:, :n], speedup_KxN[:, :n]
+  perf_K = np.where(c, s, 0.0).max(axis=1, initial=0.0)
+  return c.any(axis=1), perf_K
+
+
+def task_summary(correct_KxN, speedup_KxN, *, turns: int | None = None,
+                 fast_ps: Sequence[float] = (1.0, 1.5)) -> dict[str, float]:
+  """best@k / avg@k correctness, performance and fast_p for one task's K trajectories."""
+  correct_K, perf_K = trajectory_performance(correct_KxN, speedup_KxN, turns)
+  out = {"correct_best": float(correct_K.any()), "correct_avg": float(correct_K.mean()),
+         "perf_best": float(perf_K.max(initial=0.0)), "perf_avg": float(perf_K.mean())}
+  for p in fast_ps:
+    fast_K = correct_K & (perf_K >= p)
+    out[f"fast_{p:g}_best"] = float(fast_K.any())
+    out[f"fast_{p:g}_avg"] = float(fast_K.mean())
+  return out
+
+
+def suite_summary(per_task: Iterable[dict[str, float]]) -> dict[str, float]:
+  """Means of task_summary dicts over tasks."""
+  rows = list(per_task)
+  if not rows:
+    return {}
+  return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+
+
+def not_okay_ratio(reasonings: Sequence[str], opening: str = "Okay,") -> float:
+  """Share of chains of thought that do not open with `opening` (the paper's junk early warning, §3)."""
+  if not reasonings:
+    return 0.0
+  return float(np.mean([not r.lstrip().startswith(opening) for r in reasonings]))
+
+
+def repeated_ngram_ratio(tokens: Sequence[int], n: int = 4) -> float:
+  """Share of a sequence's n-grams that repeat an earlier n-gram (0 = none, near 1 = degenerate loops)."""
+  if len(tokens) < n + 1:
+    return 0.0
+  grams = Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+  total = sum(grams.values())
+  return 1.0 - len(grams) / total
+
+
+def turn_score_table(scores_KxN: np.ndarray) -> dict[str, list[float]]:
+  """Per-turn mean and max of kernel scores (columns = turns)."""
+  scores_KxN = np.asarray(scores_KxN, float)
+  return {"mean": scores_KxN.mean(axis=0).tolist(), "max": scores_KxN.max(axis=0).tolist()}
