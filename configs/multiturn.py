@@ -82,6 +82,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # --- Evaluator: sandboxed NVRTC/CuPy workers (never imported by the learner). ---
   c.evaluator = ml_collections.ConfigDict()
+  c.evaluator.backend = "cuda"  # cuda (sandboxed GPU workers) | scripted (deterministic CPU test reward).
   c.evaluator.gpus = ""  # CUDA_VISIBLE_DEVICES for workers ('' = every visible GPU, shared with JAX).
   c.evaluator.workers_per_gpu = 1  # Worker slots per GPU (1 keeps timings clean).
   c.evaluator.compile_workers = 0  # NVRTC compile processes (0 = number of CPU cores, at most 16).
@@ -108,6 +109,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.tasks.test_ids = ()  # Explicit held-out task ids; () = the complement of train_ids.
   c.tasks.test_fraction = 0.25  # Held-out share per level when splitting automatically.
   c.tasks.split_seed = 0  # Seed of the deterministic split.
+
+  # --- Evaluation runs (mode=evaluate): best@k / avg@k / fast_p, test-time scaling [P §4]. ---
+  c.evaluation = ml_collections.ConfigDict()
+  c.evaluation.checkpoint = ""  # Orbax workdir or HF directory to evaluate ('' = this workdir's latest).
+  c.evaluation.split = "test"  # Which tasks: test | train | all.
+  c.evaluation.max_tasks = 0  # Evaluate at most this many tasks of the split (0 = all).
+  c.evaluation.trajectories = 16  # Parallel trajectories per task, k in best@k [P Table 1: 16].
+  c.evaluation.turns = 8  # Refinement turns per trajectory [P Table 1: 8 at test time].
+  c.evaluation.budgets = ((16, 8), (32, 4), (128, 1))  # (trajectories, turns) at a fixed kernel budget [P Table 2].
+  c.evaluation.beam = False  # Also run the blog's beam search (keep best, clone, continue).
+  c.evaluation.beam_width = 4  # Trajectories kept per round [blog: best 4 of 16].
+  c.evaluation.beam_clones = 4  # Copies of each kept trajectory [blog: 4x, back to 16].
+  c.evaluation.beam_rounds = 2  # Rounds of (turns_per_round turns, select, clone).
+  c.evaluation.beam_turns_per_round = 4  # Turns per beam round [blog: 4 steps].
 
   # --- Mesh: all partitioning rules live in kevin_jax/sharding.py. ---
   c.mesh = ml_collections.ConfigDict()
