@@ -67,7 +67,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.kl_beta = 0.0  # KL-to-reference weight; paper uses 0 [P §1 "KL penalty"].
   c.rl.kl_estimator = "k3"  # k1 | k3 (Schulman) KL estimator, used only when kl_beta > 0.
   c.rl.updates_per_batch = 2  # Optimizer steps per rollout batch (on-/off-policy pair) [P §1].
-  c.rl.micro_batch_size = 8  # Sequences per gradient-accumulation micro-batch (memory knob, not math).
+  c.rl.micro_batch_size = 8  # Sequences per device per gradient-accumulation micro-batch (memory, not math).
+  c.rl.recompute_old_logps = True  # Recompute log pi_old with the learner's own forward before the updates
+  #   (default: avoids sampler/learner numeric mismatch in the ratio); False = use the sampler's log-probs.
+  c.rl.logits_chunk = 1024  # Positions per chunk of the log-prob computation (bounds fp32 [B, chunk, vocab]).
 
   # --- Optimizer: Optax AdamW [P §1 "Learning rate", "Gradient clipping"]. ---
   c.optimizer = ml_collections.ConfigDict()
@@ -79,6 +82,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.0  # Decoupled weight decay (OpenRLHF default 0).
   c.optimizer.max_grad_norm = 0.05  # Global-norm clip [P §3: 0.05 in the stabilised recipe].
   c.optimizer.state_dtype = "float32"  # Adam moment dtype: float32 | bfloat16.
+  c.optimizer.master_weights = True  # With bfloat16 params, keep an fp32 master copy in the optimizer state
+  #   (updates of ~lr=2e-6 vanish when rounded to bf16); ignored for float32 params.
 
   # --- Evaluator: sandboxed NVRTC/CuPy workers (never imported by the learner). ---
   c.evaluator = ml_collections.ConfigDict()
