@@ -1,6 +1,7 @@
 """configs/*.py: every field declared and commented, presets, locked overrides, CLI typo errors."""
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -39,21 +40,32 @@ def test_sections_present():
     assert section in c, section
 
 
-def test_every_field_has_a_comment():
-  """Each `c.x.y = v` assignment in get_config carries a trailing comment (units / source)."""
-  path = os.path.join(ROOT, "configs", "multiturn.py")
-  src = open(path).read().splitlines()
+CONFIG_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "configs"))
+                      if f.endswith(".py") and not f.startswith("_"))
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_every_field_assignment_has_a_comment(name):
+  """Each `c.x.y = v` assignment in a config file carries a trailing comment (units / source)."""
+  src = open(os.path.join(ROOT, "configs", name)).read().splitlines()
   tree = ast.parse("\n".join(src))
-  fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config")
   missing = []
-  for node in ast.walk(fn):
+  for node in ast.walk(tree):
     if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
       if isinstance(node.value, ast.Call):  # Section constructors.
         continue
-      line = src[node.end_lineno - 1]
-      if "#" not in line:
-        missing.append(line.strip())
+      if not any("#" in src[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
+        missing.append(src[node.lineno - 1].strip())
   assert not missing, missing
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_other_configs_only_change_values(name):
+  """Every config declares exactly multiturn.py's fields, so one locked schema serves all jobs."""
+  mod = importlib.import_module(f"configs.{name[:-3]}")
+  base = sorted(k for k, _ in _leaves(multiturn.get_config()))
+  for arg in ("", "runlocal"):
+    assert sorted(k for k, _ in _leaves(mod.get_config(arg))) == base
 
 
 def test_presets_change_what_they_promise():
