@@ -1,0 +1,65 @@
+"""kevin_jax.evaluate's orchestration with a fake policy and a scripted evaluator."""
+
+import json
+import os
+
+import pytest
+
+from kevin_jax import evaluate
+from kevin_jax.rl import prompts
+from kevin_jax.rl import rollout as ro
+
+SOURCES = {"t1": "class Model: pass  # 1", "t2": "class Model: pass  # 2"}
+CAND = "```cuda\n__global__ void k() {}\n```\n```plan\nlaunch k grid=(1,) block=(1,) args=()\n```"
+
+
+def encode_chat(messages):
+  return [ord(c) % 256 for c in messages[-1]["content"]]
+
+
+def fake_generate(prompt_ids, seed):
+  # The response names how many attempts the prompt shows, so the reward can depend on the turn.
+  texts = []
+  for p in prompt_ids:
+    n = "".join(map(chr, p)).count("### Attempt")
+    texts.append(prompts.format_response("Okay,", CAND, f"turn{n}"))
+  return ro.Generation([[1]] * len(texts), texts, [[-1.0]] * len(texts), ["eos"] * len(texts))
+
+
+def turn_reward(items):
+  # Turn 0 incorrect; turn k>0 correct with speedup 0.5 * k: refinement helps.
+  out = []
+  for it in items:
+    k = int(it.parsed.summary[len("turn"):])
+    out.append({"status": "correct" if k else "incorrect", "speedup": 0.5 * k, "score": 0.3 + 0.5 * k if k else 0,
+                "feedback": f"turn {k}"})
+  return out
+
+
+def _settings(**kw):
+  base = dict(trajectories=2, turns=3, budgets=((2, 3), (6, 1)), beam=True, beam_width=1, beam_clones=2,
+              beam_rounds=2, beam_turns_per_round=1, max_context_tokens=10**6, feedback_max_chars=100)
+  base.update(kw)
+  return evaluate.EvalSettings(**base)
+
+
+def test_report_numbers_and_files(tmp_path):
+  rep = evaluate.run_evaluation(["t1", "t2"], SOURCES, _settings(), seed=0, generate=fake_generate,
+                                reward=turn_reward, encode_chat=encode_chat, out_dir=str(tmp_path))
+  per_turn = rep["per_turn"]
+  assert [r["turn"] for r in per_turn] == [1, 2, 3]
+  assert per_turn[0]["correct_best"] == 0.0 and per_turn[0]["perf_best"] == 0.0
+  assert per_turn[1]["perf_best"] == pytest.approx(0.5) and per_turn[2]["perf_best"] == pytest.approx(1.0)
+  assert per_turn[2]["fast_1_avg"] == 1.0 and per_turn[2]["fast_1.5_best"] == 0.0
+  # Fixed budget: 2x3 reaches 1.0x, 6x1 (single-turn) never gets a correct kernel.
+  b = {(x["trajectories"], x["turns"]): x for x in rep["budgets"]}
+  assert b[(2, 3)]["perf_best"] == pytest.approx(1.0) and b[(6, 1)]["correct_best"] == 0.0
+  assert b[(6, 1)]["kernels"] == 6
+  # Beam: round 1 (1 turn) finds nothing, round 2 continues the kept trajectory's history -> turn1 -> 0.5x.
+  assert [r["perf_best"] for r in rep["beam"]] == [0.0, pytest.approx(0.5)]
+  for name in ("results.md", "results.csv", "scaling.png", "trajectories.jsonl", "report.json"):
+    assert os.path.getsize(tmp_path / name) > 0, name
+  md = (tmp_path / "results.md").read_text()
+  assert "| 3 | 100% | 100% | 1.00x |" in md
+  runs = {json.loads(l)["run"] for l in open(tmp_path / "trajectories.jsonl")}
+  assert runs == {"main", "budget_6x1", "beam"}
