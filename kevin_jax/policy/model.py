@@ -1,0 +1,296 @@
+"""The Qwen2 decoder (Qwen2 / Qwen2.5 / QwQ) in Flax NNX.
+
+Architecture (matches transformers' Qwen2ForCausalLM): token embedding; L decoder layers of
+pre-RMSNorm -> grouped-query attention with q/k/v biases and half-split ("rotate_half") rotary embeddings ->
+residual -> RMSNorm -> SwiGLU MLP -> residual; a final RMSNorm; an LM head tied to the embedding or separate.
+
+Dimension letters (used as shape suffixes, e.g. `h_BxTxD`):
+  B batch          T tokens of this call      S key/value slots (cache length or T)
+  D hidden_size    F intermediate_size (MLP)  V vocab_size
+  N query heads    K key/value heads          G = N // K query heads per kv head     H head_dim
+  L layers
+
+Entry points:
+  logits_BxTxV, cache = model(tokens_BxT, positions_BxT, attn_mask_BxT=None, cache=None)
+  h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)    # final-normed, no cache
+  logits_BxTxV = model.logits(h_BxTxD)                                 # fp32 (when cfg.fp32_upcast)
+`hidden` + `logits` let the learner compute log-probs in sequence chunks without a [B, T, V] buffer.
+
+Masks and padding: attn_mask_BxT is 1 for real tokens and 0 for padding, with padding on the right. A query
+attends to key j iff position_j <= position_i and attn_mask_j == 1 (causal over positions, so positions must
+increase along T for real tokens). Outputs at padded positions are finite but meaningless.
+
+KV cache (`KVCache`): per layer k and v of shape [B, S, K, H] in `cache.dtype` (bf16 by default). A token with
+position p is stored in slot p (right padding makes slot == position for every row). A call with T > 1 and
+a cache is a prefill from an empty cache: it writes slots positions_BxT and attends within the call. A call
+with T == 1 is a decode step: it writes slot positions_Bx1 and attends to every cache slot <= its position.
+
+Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
+(Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
+  embed.embedding            ('vocab', 'embed')            [V, D]
+  layers[i].attn.q_kernel    ('embed', 'q_heads', 'head_dim')  [D, N, H]   (k/v: 'kv_heads', [D, K, H])
+  layers[i].attn.o_kernel    ('q_heads', 'head_dim', 'embed')  [N, H, D]
+  layers[i].attn.q_bias      ('q_heads', 'head_dim')      [N, H]          (k/v: ('kv_heads', 'head_dim'))
+  layers[i].mlp.gate_kernel / up_kernel ('embed', 'mlp')  [D, F];  down_kernel ('mlp', 'embed') [F, D]
+  layers[i].input_norm.scale, post_attn_norm.scale, final_norm.scale ('embed',)  [D]
+  lm_head.kernel             ('embed', 'vocab')            [D, V]   (absent when tie_word_embeddings)
+Parameters are created with eager_sharding=False, so building the model needs no mesh and the names are only
+metadata. To read them:
+  state = nnx.state(model, nnx.Param)            # or the abstract state from nnx.eval_shape
+  logical = nnx.get_partition_spec(state)        # same tree, each leaf PartitionSpec('embed', 'q_heads', ...)
+  with flax.linen.logical_axis_rules(rules):     # rules: (('embed', 'fsdp'), ('q_heads', 'tensor'), ...)
+    mesh_specs = nnx.get_partition_spec(state)   # names mapped to mesh axes
+(caution: a name missing from the rules is passed through unchanged, not replaced by None, so list all six,
+mapping the replicated ones to None), or read `variable.get_metadata()['out_sharding']` per leaf and map the
+names yourself (kevin_jax/sharding.py). `nnx.get_named_sharding(state, mesh)` builds NamedShardings likewise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kevin_jax.policy.config import ModelConfig
+
+Array = jax.Array
+_INIT_STD = 0.02  # HF initializer_range for Qwen2.
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+  """Per-layer key/value buffers: k[i], v[i] of shape [B, S, K, H]."""
+  k: list[Array]
+  v: list[Array]
+
+  @classmethod
+  def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.bfloat16) -> "KVCache":
+    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    return cls(k=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+               v=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
+
+  @property
+  def length(self) -> int:
+    return self.k[0].shape[1]
+
+
+def _param(rngs: nnx.Rngs | None, shape: tuple[int, ...], names: tuple[str, ...], dtype, init: str) -> nnx.Param:
+  if init == "normal":
+    value = _INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)
+  elif init == "ones":
+    value = jnp.ones(shape, jnp.float32)
+  else:
+    value = jnp.zeros(shape, jnp.float32)
+  # eager_sharding=False: the names are logical (not mesh axes); kevin_jax/sharding.py maps them.
+  return nnx.Param(value.astype(dtype), out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    del rngs
+    self.eps = cfg.rms_norm_eps
+    self.upcast = cfg.fp32_upcast
+    self.scale = _param(None, (cfg.hidden_size,), ("embed",), cfg.param_jnp_dtype, "ones")
+
+  def __call__(self, x_BxTxD: Array) -> Array:
+    dtype = jnp.float32 if self.upcast else x_BxTxD.dtype
+    x = x_BxTxD.astype(dtype)
+    var_BxTx1 = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    scale = self.scale[...].astype(dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    y = x * jax.lax.rsqrt(var_BxTx1 + self.eps) * scale
+    return y.astype(x_BxTxD.dtype)
+
+
+def rope_cos_sin(positions_BxT: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+  """fp32 cos/sin of shape [B, T, H/2] (bf16 positions would be catastrophic past a few hundred)."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles_BxTxH2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+  return jnp.cos(angles_BxTxH2), jnp.sin(angles_BxTxH2)
+
+
+def apply_rope(x_BxTxNxH: Array, cos_BxTxH2: Array, sin_BxTxH2: Array, upcast: bool) -> Array:
+  """Half-split rotation (HF rotate_half): [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
+  dtype = jnp.float32 if upcast else x_BxTxNxH.dtype
+  x = x_BxTxNxH.astype(dtype)
+  cos, sin = cos_BxTxH2[:, :, None, :].astype(dtype), sin_BxTxH2[:, :, None, :].astype(dtype)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxH.dtype)
+
+
+def _attend(q_BxTxKxGxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array, allowed_BxTxS: Array, upcast: bool) -> Array:
+  """Masked softmax attention (einsum); returns [B, T, K, G, H] in q's dtype."""
+  scale = q_BxTxKxGxH.shape[-1] ** -0.5
+  sdtype = jnp.float32 if upcast else q_BxTxKxGxH.dtype
+  s_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH.astype(q_BxTxKxGxH.dtype),
+                           preferred_element_type=sdtype) * scale
+  s_BxKxGxTxS = jnp.where(allowed_BxTxS[:, None, None], s_BxKxGxTxS, jnp.finfo(sdtype).min)
+  p_BxKxGxTxS = jax.nn.softmax(s_BxKxGxTxS, axis=-1).astype(q_BxTxKxGxH.dtype)
+  return jnp.einsum("bkgts,bskh->btkgh", p_BxKxGxTxS, v_BxSxKxH.astype(q_BxTxKxGxH.dtype))
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, n, k, h, pd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.param_jnp_dtype
+    self.q_kernel = _param(rngs, (d, n, h), ("embed", "q_heads", "head_dim"), pd, "normal")
+    self.k_kernel = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pd, "normal")
+    self.v_kernel = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pd, "normal")
+    self.o_kernel = _param(rngs, (n, h, d), ("q_heads", "head_dim", "embed"), pd, "normal")
+    self.q_bias = _param(rngs, (n, h), ("q_heads", "head_dim"), pd, "zeros")
+    self.k_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
+    self.v_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
+
+  def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
+               cache_kv: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array] | None]:
+    cfg = self.cfg
+    dt = cfg.compute_jnp_dtype
+    b, t, _ = x_BxTxD.shape
+    x = x_BxTxD.astype(dt)
+    q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
+    k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
+    v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]
+    cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
+    q_BxTxNxH = apply_rope(q_BxTxNxH, cos, sin, cfg.fp32_upcast)
+    k_BxTxKxH = apply_rope(k_BxTxKxH, cos, sin, cfg.fp32_upcast)
+    q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
+
+    new_kv = None
+    if cache_kv is not None:
+      ck_BxSxKxH, cv_BxSxKxH = cache_kv
+      rows_Bx1 = jnp.arange(b)[:, None]
+      ck_BxSxKxH = ck_BxSxKxH.at[rows_Bx1, positions_BxT].set(k_BxTxKxH.astype(ck_BxSxKxH.dtype), mode="drop")
+      cv_BxSxKxH = cv_BxSxKxH.at[rows_Bx1, positions_BxT].set(v_BxTxKxH.astype(cv_BxSxKxH.dtype), mode="drop")
+      new_kv = (ck_BxSxKxH, cv_BxSxKxH)
+
+    if cache_kv is not None and t == 1:
+      # Decode: attend to every filled slot up to this token's position (slot == position).
+      slots_S = jnp.arange(new_kv[0].shape[1])
+      allowed_BxTxS = slots_S[None, None, :] <= positions_BxT[:, :, None]
+      o_BxTxKxGxH = _attend(q_BxTxKxGxH, new_kv[0], new_kv[1], allowed_BxTxS, cfg.fp32_upcast)
+    else:
+      o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
+    o_BxTxNxH = o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    out_BxTxD = jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt))
+    return out_BxTxD, new_kv
+
+  def _self_attend(self, q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT):
+    cfg = self.cfg
+    if cfg.attention_impl == "cudnn":
+      b, t = positions_BxT.shape
+      # Right padding: causal order by index equals order by position; padding only shortens the keys.
+      lengths_B = (jnp.sum(attn_mask_BxT.astype(jnp.int32), axis=1) if attn_mask_BxT is not None
+                   else jnp.full((b,), t, jnp.int32))
+      q_BxTxNxH = q_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+      o_BxTxNxH = jax.nn.dot_product_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, is_causal=True,
+                                               query_seq_lengths=lengths_B, key_value_seq_lengths=lengths_B,
+                                               implementation="cudnn")
+      return o_BxTxNxH.reshape(q_BxTxKxGxH.shape)
+    allowed_BxTxS = positions_BxT[:, None, :] <= positions_BxT[:, :, None]
+    if attn_mask_BxT is not None:
+      allowed_BxTxS &= attn_mask_BxT.astype(bool)[:, None, :]
+    return _attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, allowed_BxTxS, cfg.fp32_upcast)
+
+
+class MLP(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.dtype = cfg.compute_jnp_dtype
+    d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_jnp_dtype
+    self.gate_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
+    self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
+    self.down_kernel = _param(rngs, (f, d), ("mlp", "embed"), pd, "normal")
+
+  def __call__(self, x_BxTxD: Array) -> Array:
+    dt = self.dtype
+    x = x_BxTxD.astype(dt)
+    gate_BxTxF = jnp.einsum("btd,df->btf", x, self.gate_kernel[...].astype(dt))
+    up_BxTxF = jnp.einsum("btd,df->btf", x, self.up_kernel[...].astype(dt))
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, self.down_kernel[...].astype(dt))
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.input_norm = RMSNorm(cfg, rngs=rngs)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.post_attn_norm = RMSNorm(cfg, rngs=rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
+    a_BxTxD, new_kv = self.attn(self.input_norm(h_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
+    h_BxTxD = h_BxTxD + a_BxTxD
+    h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD))
+    return h_BxTxD, new_kv
+
+
+class Embed(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.embedding = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg.param_jnp_dtype,
+                            "normal")
+
+
+class LMHead(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.kernel = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg.param_jnp_dtype,
+                         "normal")
+
+
+def _layer_apply(layer: DecoderLayer, h_BxTxD, positions_BxT, attn_mask_BxT):
+  return layer(h_BxTxD, positions_BxT, attn_mask_BxT, None)[0]
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing inside the layer; recompute it all in the backward pass
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Qwen2(nnx.Module):
+  """Qwen2ForCausalLM in Flax NNX. See the module docstring for shapes, masks, the cache and sharding names."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = Embed(cfg, rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg, rngs=rngs)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = LMHead(cfg, rngs=rngs)
+
+  def _embed(self, tokens_BxT: Array) -> Array:
+    return jnp.take(self.embed.embedding[...], tokens_BxT, axis=0).astype(self.cfg.compute_jnp_dtype)
+
+  def hidden(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None = None) -> Array:
+    """Final-normed hidden states [B, T, D] in compute dtype (no cache; causal + padding mask)."""
+    h_BxTxD = self._embed(tokens_BxT)
+    if self.cfg.remat == "none":
+      apply = _layer_apply
+    else:
+      apply = nnx.remat(_layer_apply, policy=_REMAT_POLICIES[self.cfg.remat])
+    for layer in self.layers:
+      h_BxTxD = apply(layer, h_BxTxD, positions_BxT, attn_mask_BxT)
+    return self.final_norm(h_BxTxD)
+
+  def logits(self, h_BxTxD: Array) -> Array:
+    """LM-head logits [B, T, V]: fp32 when cfg.fp32_upcast, else compute dtype (fp32 accumulation)."""
+    out = jnp.float32 if self.cfg.fp32_upcast else self.cfg.compute_jnp_dtype
+    dt = self.cfg.compute_jnp_dtype
+    h = h_BxTxD.astype(dt)
+    if self.cfg.tie_word_embeddings:
+      return jnp.einsum("btd,vd->btv", h, self.embed.embedding[...].astype(dt), preferred_element_type=out)
+    return jnp.einsum("btd,dv->btv", h, self.lm_head.kernel[...].astype(dt), preferred_element_type=out)
+
+  def __call__(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None = None,
+               cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
+    """Logits [B, T, V] and the updated cache (None without a cache). See the module docstring."""
+    if cache is None:
+      return self.logits(self.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)), None
+    h_BxTxD = self._embed(tokens_BxT)
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i]))
+      new_k.append(k)
+      new_v.append(v)
+    return self.logits(self.final_norm(h_BxTxD)), KVCache(k=new_k, v=new_v)
