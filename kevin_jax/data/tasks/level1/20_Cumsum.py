@@ -1,0 +1,24 @@
+import torch
+import torch.nn as nn
+
+BATCH = 32771
+DIM = 8191
+
+
+class Model(nn.Module):
+    """Inclusive cumulative sum along dimension 1."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, dim=self.dim)
+
+
+def get_inputs():
+    return [torch.rand(BATCH, DIM)]
+
+
+def get_init_inputs():
+    return [1]
