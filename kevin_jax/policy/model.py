@@ -287,10 +287,16 @@ class Qwen2(nnx.Module):
     """Logits [B, T, V] and the updated cache (None without a cache). See the module docstring."""
     if cache is None:
       return self.logits(self.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)), None
+    h_BxTxD, cache = self.hidden_with_cache(tokens_BxT, positions_BxT, attn_mask_BxT, cache)
+    return self.logits(h_BxTxD), cache
+
+  def hidden_with_cache(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
+                        cache: KVCache) -> tuple[Array, KVCache]:
+    """Final-normed hidden states [B, T, D] and the updated cache (prefill if T > 1, else one decode step)."""
     h_BxTxD = self._embed(tokens_BxT)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i]))
       new_k.append(k)
       new_v.append(v)
-    return self.logits(self.final_norm(h_BxTxD)), KVCache(k=new_k, v=new_v)
+    return self.final_norm(h_BxTxD), KVCache(k=new_k, v=new_v)

@@ -1,0 +1,380 @@
+"""Batched KV-cache generation for the Qwen2 policy: one jitted prefill + on-device decode loop per call.
+
+  sampler = Sampler(model.cfg, tokenizer, SamplerConfig(batch_size=64))
+  out = sampler.generate(model, prompts_token_ids, seed=0, max_new_tokens=1024, temperature=0.9,
+                         stop_strings=("</kernel>",))
+  out.tokens[i], out.text[i], out.logprobs[i], out.finish_reason[i]    # per prompt, in input order
+
+How it runs. Prompts are split into chunks of `batch_size`, right-padded to the smallest prompt bucket that
+fits (`prompt_buckets`), and each chunk is one call of a jitted function that prefills a [B, P + max_new_tokens]
+KV cache (`kv_cache_dtype`, bf16 by default), samples the first token from the last real prompt position, then
+decodes in a `lax.while_loop` on device (no host round trip per token; the cache lives inside the call and is
+updated in place) until every row has finished or `max_new_tokens` tokens exist. The compiled function is keyed
+on (batch, prompt bucket, max_new_tokens, top_k, greedy / top-p on-off, number of stop sequences): calls with the
+same key reuse it, whatever the prompts, seed, temperature, top_p value or weights. The parameters are jit
+ARGUMENTS (never baked-in constants), so the RL loop can update them between calls without recompiling, and
+they may be sharded on a mesh (jit follows their shardings; pass `mesh` + `batch_axes` to also shard the batch).
+A chunk with fewer prompts than `batch_size` is padded with inactive rows (a lone small call uses the next power
+of two instead, to save compute).
+
+Sampling. temperature == 0 is greedy (argmax of the raw logits). Otherwise logits / temperature, then top-k
+(k > 0 keeps the k largest), then top-p (smallest set of largest-probability tokens whose mass reaches top_p;
+ties at the threshold are all kept), then a Gumbel-max draw. Token ids the tokenizer cannot produce (Qwen's
+padded embedding rows) are never sampled. Randomness is per prompt: prompt i (global index in the call) uses
+fold_in(PRNGKey(seed), i), then fold_in(step), so results do not depend on chunking or on the other prompts.
+
+Log-probabilities. `logprobs[i][t]` = log_softmax(raw model logits)[token], i.e. log pi_theta(token | prefix) of
+the unmodified policy at temperature 1 over the full model vocabulary, computed in fp32 from the same forward pass
+that produced the token: what GRPO's importance ratio needs as the old-policy log-prob (the learner recomputes
+the same quantity). `sampling_logprobs[i][t]` is the log-prob under the distribution actually sampled
+(temperature, top-k, top-p applied; 0 for greedy), for importance-sampling corrections.
+
+Stopping. A row finishes on any of `eos_ids` (default: the tokenizer's; the EOS token is included in `tokens`
+and `logprobs` but not in `text`), on a stop string, or at max_new_tokens. Stop strings are matched exactly on
+the decoded text on the host: the tokens are cut after the first token whose decoded prefix contains a stop
+string (so `text`, which is always decode(tokens), ends with the stop string, plus the rest of that last token).
+As an early exit, each stop string's own tokenization (up to 16 tokens) is also matched on device.
+finish_reason is 'eos' | 'stop' | 'length'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from kevin_jax.policy.config import ModelConfig
+from kevin_jax.policy.model import KVCache, Qwen2
+
+Array = jax.Array
+STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are matched on the host only)
+_FINISH = ("length", "eos", "stop")
+_NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
+TRACE_COUNT = {"generate": 0}  # incremented when _generate_chunk is traced (tests assert no recompilation)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Sampler settings (configs/multiturn.py `config.sampler`).
+
+  Attributes:
+    batch_size: sequences decoded together per compiled call.
+    prompt_buckets: padded prompt lengths, tokens (each compiled once per batch / max_new_tokens).
+    kv_cache_dtype: 'bfloat16' | 'float32' | 'float16'.
+    max_new_tokens, temperature, top_p, top_k: defaults for `generate` (top_p 1.0 / top_k 0 = off).
+  """
+  batch_size: int = 64
+  prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
+  kv_cache_dtype: str = "bfloat16"
+  max_new_tokens: int = 1024
+  temperature: float = 0.9
+  top_p: float = 1.0
+  top_k: int = 0
+
+  def __post_init__(self):
+    if self.batch_size <= 0:
+      raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+    if not self.prompt_buckets or any(b <= 0 for b in self.prompt_buckets):
+      raise ValueError(f"prompt_buckets must be positive lengths, got {self.prompt_buckets}")
+    object.__setattr__(self, "prompt_buckets", tuple(sorted(int(b) for b in self.prompt_buckets)))
+
+  @classmethod
+  def from_config(cls, c: Any) -> "SamplerConfig":
+    """From the `config.sampler` ConfigDict section."""
+    return cls(batch_size=c.batch_size, prompt_buckets=tuple(c.prompt_buckets), kv_cache_dtype=c.kv_cache_dtype,
+               max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k)
+
+
+@dataclasses.dataclass
+class SamplerOutput:
+  """Per-prompt results, in the order of the prompts given to `generate`."""
+  tokens: list[list[int]]  # generated ids (EOS included when finish_reason == 'eos')
+  text: list[str]  # decode(tokens) without a trailing EOS token ('' without a tokenizer)
+  logprobs: list[np.ndarray]  # float32 [len(tokens[i])]: log pi_theta(token) of the raw policy (T=1)
+  sampling_logprobs: list[np.ndarray]  # float32 [len(tokens[i])]: under the sampled (modified) distribution
+  finish_reason: list[str]  # 'eos' | 'stop' | 'length'
+  prompt_tokens: list[list[int]]
+
+
+def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: Array, *, top_k: int,
+                  greedy: bool, use_top_p: bool, valid_vocab: int) -> tuple[Array, Array, Array]:
+  """Draws one token per row. Returns (token_B int32, raw logprob_B, sampling logprob_B), all from fp32 logits."""
+  logits_BxV = logits_BxV.astype(jnp.float32)
+  v = logits_BxV.shape[-1]
+  raw_logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+  masked_BxV = logits_BxV
+  if valid_vocab < v:
+    masked_BxV = jnp.where(jnp.arange(v)[None, :] < valid_vocab, logits_BxV, _NEG)
+  if greedy:
+    token_B = jnp.argmax(masked_BxV, axis=-1).astype(jnp.int32)
+    samp_logp_B = jnp.zeros(token_B.shape, jnp.float32)
+  else:
+    scaled_BxV = masked_BxV / temperature
+    if top_k > 0:
+      kth_Bx1 = jax.lax.top_k(scaled_BxV, top_k)[0][:, -1:]
+      scaled_BxV = jnp.where(scaled_BxV >= kth_Bx1, scaled_BxV, _NEG)
+    if use_top_p:
+      sorted_BxV = -jnp.sort(-scaled_BxV, axis=-1)
+      probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+      mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV  # exclusive: the top token always stays
+      keep_BxV = mass_before_BxV < top_p
+      threshold_Bx1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
+      scaled_BxV = jnp.where(scaled_BxV >= threshold_Bx1, scaled_BxV, _NEG)
+    gumbel_BxV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B)
+    token_B = jnp.argmax(scaled_BxV + gumbel_BxV, axis=-1).astype(jnp.int32)
+    samp_logp_B = jnp.take_along_axis(jax.nn.log_softmax(scaled_BxV, axis=-1), token_B[:, None], axis=-1)[:, 0]
+  raw_B = jnp.take_along_axis(raw_logp_BxV, token_B[:, None], axis=-1)[:, 0]
+  return token_B, raw_B, samp_logp_B
+
+
+def _fold_keys(keys_Bx2: Array, step: Array) -> Array:
+  return jax.vmap(lambda k: jax.random.fold_in(k, step))(keys_Bx2)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p",
+                                             "valid_vocab", "cache_dtype", "batch_sharding"))
+def _generate_chunk(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temperature, top_p, eos_Q,
+                    stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype,
+                    batch_sharding):
+  """Prefill + decode loop for one chunk. Returns a dict of [B, max_new_tokens] / [B] arrays."""
+  TRACE_COUNT["generate"] += 1
+  model: Qwen2 = nnx.merge(graphdef, state)
+  cfg = model.cfg
+  b, p = prompts_BxP.shape
+  n = max_new_tokens
+  sample = functools.partial(sample_logits, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                             use_top_p=use_top_p, valid_vocab=valid_vocab)
+
+  def constrain(x):
+    if batch_sharding is None:
+      return x
+    spec = P(batch_sharding[1], *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(batch_sharding[0], spec))
+
+  cache = KVCache.zeros(cfg, b, p + n, jnp.dtype(cache_dtype))
+  cache = jax.tree.map(constrain, cache)
+  positions_BxP = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
+  mask_BxP = positions_BxP < lengths_B[:, None]
+  h_BxPxD, cache = model.hidden_with_cache(prompts_BxP, positions_BxP, mask_BxP, cache)
+  last_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None], axis=1)
+  tok_B, raw_B, samp_B = sample(model.logits(last_Bx1xD)[:, 0], _fold_keys(keys_Bx2, 0))
+
+  e, l = stop_seqs_ExL.shape
+
+  def finish(tok_B, window_BxL, count_B, done_B, reason_B):
+    """Updates the last-L-token window and the done flags after emitting tok_B."""
+    window_BxL = jnp.concatenate([window_BxL[:, 1:], tok_B[:, None]], axis=1)
+    is_eos_B = jnp.any(tok_B[:, None] == eos_Q[None, :], axis=1)
+    if e:
+      seq_len_E = jnp.sum(stop_seqs_ExL >= 0, axis=1)
+      match_BxE = jnp.all((window_BxL[:, None, :] == stop_seqs_ExL[None]) | (stop_seqs_ExL[None] < 0), axis=2)
+      match_BxE &= (count_B[:, None] >= seq_len_E[None, :]) & (seq_len_E[None, :] > 0)
+      is_stop_B = jnp.any(match_BxE, axis=1)
+    else:
+      is_stop_B = jnp.zeros_like(is_eos_B)
+    new_reason_B = jnp.where(is_eos_B, 1, jnp.where(is_stop_B, 2, 0))
+    reason_B = jnp.where(done_B, reason_B, new_reason_B)
+    return window_BxL, done_B | is_eos_B | is_stop_B, reason_B
+
+  tokens_BxN = jnp.zeros((b, n), jnp.int32).at[:, 0].set(tok_B)
+  raw_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(raw_B)
+  samp_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(samp_B)
+  count_B = jnp.ones((b,), jnp.int32)  # tokens emitted per row (including the one that finished it)
+  window_BxL, done_B, reason_B = finish(tok_B, jnp.full((b, l), -1, jnp.int32), count_B, ~active_B,
+                                        jnp.zeros((b,), jnp.int32))
+
+  def cond(carry):
+    i, _, _, _, _, _, done_B, _, _, _ = carry
+    return (i < n) & ~jnp.all(done_B)
+
+  def body(carry):
+    i, cache, tokens_BxN, raw_BxN, samp_BxN, count_B, done_B, reason_B, window_BxL, last_B = carry
+    pos_Bx1 = (lengths_B + i - 1)[:, None]
+    h_Bx1xD, cache = model.hidden_with_cache(last_B[:, None], pos_Bx1, None, cache)
+    tok_B, raw_B, samp_B = sample(model.logits(h_Bx1xD)[:, 0], _fold_keys(keys_Bx2, i))
+    live_B = ~done_B
+    tok_B = jnp.where(live_B, tok_B, 0)
+    tokens_BxN = jax.lax.dynamic_update_slice(tokens_BxN, tok_B[:, None], (0, i))
+    raw_BxN = jax.lax.dynamic_update_slice(raw_BxN, jnp.where(live_B, raw_B, 0.0)[:, None], (0, i))
+    samp_BxN = jax.lax.dynamic_update_slice(samp_BxN, jnp.where(live_B, samp_B, 0.0)[:, None], (0, i))
+    count_B = count_B + live_B.astype(jnp.int32)
+    window_BxL, done_B, reason_B = finish(tok_B, window_BxL, count_B, done_B, reason_B)
+    return i + 1, cache, tokens_BxN, raw_BxN, samp_BxN, count_B, done_B, reason_B, window_BxL, tok_B
+
+  carry = (jnp.int32(1), cache, tokens_BxN, raw_BxN, samp_BxN, count_B, done_B, reason_B, window_BxL, tok_B)
+  carry = jax.lax.while_loop(cond, body, carry)
+  _, _, tokens_BxN, raw_BxN, samp_BxN, count_B, _, reason_B, _, _ = carry
+  return dict(tokens=tokens_BxN, logprobs=raw_BxN, sampling_logprobs=samp_BxN, lengths=count_B, reason=reason_B,
+              steps=carry[0])
+
+
+class Sampler:
+  """Generates from a Qwen2 policy. See the module docstring for the contract.
+
+  Args:
+    model_cfg: the policy's ModelConfig.
+    tokenizer: a kevin_jax.policy.tokenizer.Tokenizer (None: token ids only; no text, no stop strings).
+    cfg: SamplerConfig.
+    mesh, batch_axes: optional; shard the batch dimension of prompts and KV cache over these mesh axes.
+  """
+
+  def __init__(self, model_cfg: ModelConfig, tokenizer: Any = None, cfg: SamplerConfig = SamplerConfig(), *,
+               mesh: Mesh | None = None, batch_axes: str | tuple[str, ...] | None = None):
+    self.model_cfg = model_cfg
+    self.tokenizer = tokenizer
+    self.cfg = cfg
+    self.mesh = mesh
+    self.batch_axes = batch_axes
+    if (mesh is None) != (batch_axes is None):
+      raise ValueError("pass both mesh and batch_axes, or neither")
+    self._graphdef = None
+    self.last_stats: dict[str, Any] = {}
+
+  # -- parameters --------------------------------------------------------------------------------------------
+  def _split(self, params: Qwen2 | nnx.State) -> tuple[nnx.GraphDef, nnx.State]:
+    if isinstance(params, Qwen2):
+      if params.cfg != self.model_cfg:
+        raise ValueError("the model's config differs from the sampler's model_cfg")
+      return nnx.split(params, nnx.Param)
+    if self._graphdef is None:
+      abstract = nnx.eval_shape(lambda: Qwen2(self.model_cfg, rngs=nnx.Rngs(0)))
+      self._graphdef = nnx.split(abstract, nnx.Param)[0]
+    return self._graphdef, params
+
+  def _bucket(self, length: int) -> int:
+    for b in self.cfg.prompt_buckets:
+      if length <= b:
+        return b
+    raise ValueError(f"prompt of {length} tokens exceeds the largest prompt bucket "
+                     f"{self.cfg.prompt_buckets[-1]}; raise sampler.prompt_buckets or shorten the prompt")
+
+  def _stop_seqs(self, stop_strings: Sequence[str]) -> np.ndarray:
+    seqs = []
+    for s in stop_strings:
+      ids = self.tokenizer.encode(s)
+      if 0 < len(ids) <= STOP_SEQ_LEN:
+        seqs.append(ids)
+    e = 0 if not seqs else 4 * math.ceil(len(seqs) / 4)  # few shapes -> few compiles
+    out = np.full((e, STOP_SEQ_LEN), -1, np.int32)
+    for j, ids in enumerate(seqs):
+      out[j, STOP_SEQ_LEN - len(ids):] = ids
+    return out
+
+  # -- the call ----------------------------------------------------------------------------------------------
+  def generate(self, params: Qwen2 | nnx.State, prompts: Sequence[Sequence[int]], *, seed: int,
+               max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+               top_k: int | None = None, stop_strings: Sequence[str] = (),
+               eos_ids: Sequence[int] | None = None) -> SamplerOutput:
+    """Generates a completion for every prompt (token ids). See the module docstring.
+
+    Args:
+      params: the Qwen2 module, or its nnx.Param state (e.g. the learner's current, possibly sharded, weights).
+      prompts: token ids per prompt (non-empty; at most the largest prompt bucket).
+      seed: sampling seed (same seed, prompts and weights -> same outputs).
+      max_new_tokens, temperature, top_p, top_k: override the SamplerConfig defaults (temperature 0 = greedy).
+      stop_strings: strings that end a completion (matched on decoded text; needs a tokenizer).
+      eos_ids: ids that end a completion; default the tokenizer's eos_ids (none without a tokenizer).
+
+    Returns:
+      SamplerOutput with one entry per prompt.
+    """
+    c = self.cfg
+    max_new = int(c.max_new_tokens if max_new_tokens is None else max_new_tokens)
+    temperature = float(c.temperature if temperature is None else temperature)
+    top_p = float(c.top_p if top_p is None else top_p)
+    top_k = int(c.top_k if top_k is None else top_k)
+    if max_new <= 0:
+      raise ValueError(f"max_new_tokens must be positive, got {max_new}")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+      raise ValueError(f"bad sampling settings: temperature={temperature}, top_p={top_p}, top_k={top_k}")
+    if stop_strings and self.tokenizer is None:
+      raise ValueError("stop_strings need a tokenizer")
+    prompts = [list(map(int, p)) for p in prompts]
+    if not prompts:
+      return SamplerOutput([], [], [], [], [], [])
+    v = self.model_cfg.vocab_size
+    for i, p in enumerate(prompts):
+      if not p:
+        raise ValueError(f"prompt {i} is empty")
+      if min(p) < 0 or max(p) >= v:
+        raise ValueError(f"prompt {i} has token ids outside [0, {v})")
+    if eos_ids is None:
+      eos_ids = self.tokenizer.eos_ids if self.tokenizer is not None else ()
+    eos_q = np.asarray(list(eos_ids) or [-1], np.int32)
+    stop_seqs = self._stop_seqs(stop_strings) if stop_strings else np.zeros((0, STOP_SEQ_LEN), np.int32)
+    valid_vocab = min(v, self.tokenizer.vocab_size) if self.tokenizer is not None else v
+    graphdef, state = self._split(params)
+    batch = c.batch_size if len(prompts) >= c.batch_size else 1 << (len(prompts) - 1).bit_length()
+    base_key = jax.random.PRNGKey(seed)
+    batch_sharding = None if self.mesh is None else (self.mesh, self.batch_axes)
+
+    outs = []
+    steps = 0
+    for start in range(0, len(prompts), batch):
+      chunk = prompts[start:start + batch]
+      bucket = self._bucket(max(len(p) for p in chunk))
+      toks = np.zeros((batch, bucket), np.int32)
+      lengths = np.ones((batch,), np.int32)
+      active = np.zeros((batch,), bool)
+      for r, p in enumerate(chunk):
+        toks[r, :len(p)] = p
+        lengths[r] = len(p)
+        active[r] = True
+      keys = np.asarray(jax.vmap(lambda i: jax.random.fold_in(base_key, i))(jnp.arange(start, start + batch)))
+      args = [toks, lengths, active, keys]
+      if self.mesh is not None:
+        sh = lambda x: NamedSharding(self.mesh, P(self.batch_axes, *([None] * (x.ndim - 1))))
+        args = [jax.device_put(a, sh(a)) for a in args]
+      res = _generate_chunk(graphdef, state, *args, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p),
+                            eos_q, stop_seqs, max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0,
+                            use_top_p=top_p < 1.0, valid_vocab=valid_vocab, cache_dtype=c.kv_cache_dtype,
+                            batch_sharding=batch_sharding)
+      res = jax.device_get(res)
+      steps += int(res["steps"])
+      for r in range(len(chunk)):
+        n = int(res["lengths"][r])
+        outs.append((res["tokens"][r, :n].tolist(), res["logprobs"][r, :n], res["sampling_logprobs"][r, :n],
+                     _FINISH[int(res["reason"][r])]))
+    self.last_stats = {"decode_steps": steps, "batch": batch}
+    return self._finalize(prompts, outs, stop_strings, set(int(i) for i in eos_ids))
+
+  def _finalize(self, prompts, outs, stop_strings, eos_set) -> SamplerOutput:
+    result = SamplerOutput([], [], [], [], [], prompts)
+    for tokens, raw, samp, reason in outs:
+      if self.tokenizer is not None:
+        if stop_strings:
+          cut = self._stop_cut(tokens, reason, eos_set, stop_strings)
+          if cut is not None:
+            tokens, raw, samp, reason = tokens[:cut], raw[:cut], samp[:cut], "stop"
+        body = tokens[:-1] if reason == "eos" and tokens and tokens[-1] in eos_set else tokens
+        text = self.tokenizer.decode(body)
+      else:
+        text = ""
+      result.tokens.append(tokens)
+      result.text.append(text)
+      result.logprobs.append(np.asarray(raw, np.float32))
+      result.sampling_logprobs.append(np.asarray(samp, np.float32))
+      result.finish_reason.append(reason)
+    return result
+
+  def _stop_cut(self, tokens, reason, eos_set, stop_strings) -> int | None:
+    """Smallest k such that decode(tokens[:k]) contains a stop string, or None."""
+    body = tokens[:-1] if reason == "eos" and tokens and tokens[-1] in eos_set else tokens
+    has_stop = lambda k: any(s in self.tokenizer.decode(body[:k]) for s in stop_strings)
+    if not body or not has_stop(len(body)):
+      return None
+    lo, hi = 1, len(body)  # has_stop(hi) is true; containment only grows with the prefix
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if has_stop(mid):
+        hi = mid
+      else:
+        lo = mid + 1
+    return lo

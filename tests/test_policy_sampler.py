@@ -1,0 +1,197 @@
+"""KV-cache sampler: greedy parity with transformers' generate, log-probs vs a fresh forward, no recompilation,
+sampling controls, stopping, determinism, sharded parameters on 8 fake CPU devices."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from kevin_jax import sharding as ksharding
+from kevin_jax.policy import Qwen2, get_preset, load_pretrained
+from kevin_jax.policy import sampler as sampler_lib
+from kevin_jax.policy.sampler import Sampler, SamplerConfig
+from kevin_jax.policy.tokenizer import load_tokenizer
+from tests.test_common import make_hf_qwen2
+
+PROMPT_LENS = (5, 11, 3, 8)
+F32 = SamplerConfig(batch_size=4, prompt_buckets=(16,), kv_cache_dtype="float32", max_new_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def hf_ckpt(tmp_path_factory):
+  path = tmp_path_factory.mktemp("hf")
+  hf = make_hf_qwen2(path, tie=False, num_heads=4, num_kv_heads=2, hidden_size=64, vocab_size=256)
+  return hf, path
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  rng = np.random.RandomState(11)
+  return [rng.randint(0, 256, n).tolist() for n in PROMPT_LENS]
+
+
+@nnx.jit
+def _forward(model, tokens_BxT):
+  return model(tokens_BxT, jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape))[0]
+
+
+def _fresh_logps(model, prompt, tokens, temperature=1.0):
+  """Log-probs (at `temperature`) and raw logits of `tokens` after `prompt`, from one full forward pass."""
+  seq = np.zeros((1, 96), np.int32)  # one padded shape -> one compile; right padding cannot affect the prefix
+  seq[0, :len(prompt) + len(tokens)] = prompt + tokens
+  logits = np.asarray(_forward(model, jnp.asarray(seq))[0], np.float64)
+  idx = np.arange(len(prompt) - 1, len(prompt) - 1 + len(tokens))
+  logp = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
+  return logp[idx, tokens], logits[idx]
+
+
+def test_greedy_equals_transformers_generate(hf_ckpt, prompts):
+  hf, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  out = Sampler(model.cfg, None, F32).generate(model, prompts, seed=0, temperature=0.0, max_new_tokens=64)
+  for prompt, tokens, reason in zip(prompts, out.tokens, out.finish_reason):
+    with torch.no_grad():
+      ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False,
+                        eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert reason == "length" and len(tokens) == 64
+    assert tokens == ref
+
+
+def test_logprobs_equal_fresh_forward(hf_ckpt, prompts):
+  _, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  sampler = Sampler(model.cfg, None, F32)
+  out = sampler.generate(model, prompts, seed=3, temperature=1.0, max_new_tokens=64)
+  hot = sampler.generate(model, prompts, seed=3, temperature=0.7, max_new_tokens=64)
+  for i, prompt in enumerate(prompts):
+    ref, _ = _fresh_logps(model, prompt, out.tokens[i])
+    np.testing.assert_allclose(out.logprobs[i], ref, atol=1e-4, rtol=0)
+    # At temperature 1 without top-k/top-p the sampled distribution is the policy itself.
+    np.testing.assert_allclose(out.sampling_logprobs[i], out.logprobs[i], atol=1e-5, rtol=0)
+    ref_raw, _ = _fresh_logps(model, prompt, hot.tokens[i])
+    ref_hot, _ = _fresh_logps(model, prompt, hot.tokens[i], temperature=0.7)
+    np.testing.assert_allclose(hot.logprobs[i], ref_raw, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hot.sampling_logprobs[i], ref_hot, atol=1e-4, rtol=0)
+  assert len(set(map(tuple, out.tokens))) == len(prompts)  # actually sampling, not a constant
+
+
+def test_compiled_once_per_bucket_and_weights_are_arguments(hf_ckpt, prompts):
+  _, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  sampler = Sampler(model.cfg, None, F32)
+  kw = dict(max_new_tokens=8, top_p=0.9)
+  first = sampler.generate(model, prompts, seed=1, temperature=1.0, **kw)
+  count = sampler_lib.TRACE_COUNT["generate"]
+  # Different prompts (same bucket), seed, temperature, top_p value and updated weights: no new trace.
+  state = nnx.state(model, nnx.Param)
+  scaled = jax.tree.map(lambda x: x * 1.5, state)
+  other = [p[::-1] for p in prompts]
+  second = sampler.generate(scaled, other, seed=2, temperature=0.5, top_p=0.8, max_new_tokens=8)
+  assert sampler_lib.TRACE_COUNT["generate"] == count
+  greedy_new = sampler.generate(scaled, prompts, seed=1, temperature=1e-9, **kw)
+  assert sampler_lib.TRACE_COUNT["generate"] == count
+  assert first.tokens != second.tokens
+  # The new weights really were used: logprobs match a forward pass of the scaled model.
+  nnx.update(model, scaled)
+  ref, _ = _fresh_logps(model, prompts[0], greedy_new.tokens[0])
+  np.testing.assert_allclose(greedy_new.logprobs[0], ref, atol=1e-4, rtol=0)
+  sampler.generate(model, prompts, seed=1, temperature=1.0, max_new_tokens=9, top_p=0.9)  # new bucket
+  assert sampler_lib.TRACE_COUNT["generate"] == count + 1
+
+
+def test_deterministic_per_seed_and_independent_of_chunking(hf_ckpt, prompts):
+  _, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  sampler = Sampler(model.cfg, None, F32)
+  a = sampler.generate(model, prompts, seed=5, temperature=1.0, max_new_tokens=16)
+  b = sampler.generate(model, prompts, seed=5, temperature=1.0, max_new_tokens=16)
+  c = sampler.generate(model, prompts, seed=6, temperature=1.0, max_new_tokens=16)
+  assert a.tokens == b.tokens and a.tokens != c.tokens
+  small = Sampler(model.cfg, None, SamplerConfig(batch_size=2, prompt_buckets=(8, 16), kv_cache_dtype="float32"))
+  d = small.generate(model, prompts, seed=5, temperature=1.0, max_new_tokens=16)
+  assert d.tokens == a.tokens  # 2 chunks, other buckets: each prompt keeps its own random stream
+
+
+def test_top_k_and_top_p(hf_ckpt, prompts):
+  _, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  sampler = Sampler(model.cfg, None, F32)
+  greedy = sampler.generate(model, prompts, seed=0, temperature=0.0, max_new_tokens=16)
+  assert sampler.generate(model, prompts, seed=4, temperature=1.5, top_k=1, max_new_tokens=16).tokens == greedy.tokens
+  assert sampler.generate(model, prompts, seed=4, temperature=1.5, top_p=1e-6,
+                          max_new_tokens=16).tokens == greedy.tokens
+  top3 = sampler.generate(model, prompts, seed=4, temperature=2.0, top_k=3, max_new_tokens=16)
+  nucleus = sampler.generate(model, prompts, seed=4, temperature=1.0, top_p=0.3, max_new_tokens=16)
+  for i, prompt in enumerate(prompts):
+    _, logits = _fresh_logps(model, prompt, top3.tokens[i])
+    ranks = (logits > logits[np.arange(16), top3.tokens[i]][:, None]).sum(-1)
+    assert ranks.max() < 3
+    _, logits = _fresh_logps(model, prompt, nucleus.tokens[i])
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+    chosen = probs[np.arange(16), nucleus.tokens[i]]
+    mass_above = np.where(probs > chosen[:, None], probs, 0).sum(-1)
+    assert np.all(mass_above < 0.3 + 1e-6)  # the token lies inside the nucleus
+    # sampling_logprobs are under the renormalised nucleus: log(p / kept mass) >= log p.
+    assert np.all(nucleus.sampling_logprobs[i] >= nucleus.logprobs[i] - 1e-5)
+  assert nucleus.tokens != greedy.tokens
+
+
+def test_eos_and_stop_strings_with_tokenizer():
+  tok = load_tokenizer()
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32")
+  model = Qwen2(cfg, rngs=nnx.Rngs(0))
+  sampler = Sampler(cfg, tok, SamplerConfig(batch_size=2, prompt_buckets=(16,), kv_cache_dtype="float32"))
+  prompts = [tok.encode("int main() {"), tok.encode("def f(x):\n")]
+  free = sampler.generate(model, prompts, seed=0, temperature=1.0, max_new_tokens=24, eos_ids=[])
+  assert free.finish_reason == ["length", "length"]
+  assert [tok.decode(t) for t in free.tokens] == free.text
+  # EOS: declare the 6th sampled token of prompt 0 an end token; generation stops there and keeps it.
+  eos = free.tokens[0][5]
+  first = free.tokens[0].index(eos)
+  out = sampler.generate(model, prompts, seed=0, temperature=1.0, max_new_tokens=24, eos_ids=[eos])
+  assert out.finish_reason[0] == "eos" and out.tokens[0] == free.tokens[0][:first + 1]
+  assert out.text[0] == tok.decode(free.tokens[0][:first])
+  np.testing.assert_allclose(out.logprobs[0], free.logprobs[0][:first + 1], atol=1e-6)
+  # Stop string: a piece of prompt 1's free text; output is cut right after the token completing it.
+  text = free.text[1]
+  stop = text[len(text) // 2: len(text) // 2 + 3]
+  out = sampler.generate(model, prompts, seed=0, temperature=1.0, max_new_tokens=24, eos_ids=[],
+                         stop_strings=["\x00never", stop])
+  k = len(out.tokens[1])
+  assert out.finish_reason[1] == "stop" and out.tokens[1] == free.tokens[1][:k]
+  assert stop in out.text[1] and stop not in tok.decode(out.tokens[1][:-1])
+  assert len(out.logprobs[1]) == k
+
+
+def test_sharded_params_and_batch_on_mesh(hf_ckpt, prompts, cpu_devices8):
+  _, path = hf_ckpt
+  mesh = ksharding.make_mesh((("fsdp", 4), ("tensor", 2)), cpu_devices8)
+  rules = {"embed": "fsdp", "vocab": None, "q_heads": "tensor", "kv_heads": "tensor", "mlp": "tensor",
+           "head_dim": None}
+  sharded = load_pretrained(path, dtype="float32", compute_dtype="float32",
+                            shardings=lambda p, names, s: NamedSharding(mesh, P(*(rules[n] for n in names))))
+  plain = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  assert sharded.layers[0].mlp.up_kernel.get_value().sharding.spec == P("fsdp", "tensor")
+  ref = Sampler(plain.cfg, None, F32).generate(plain, prompts, seed=0, temperature=0.0, max_new_tokens=16)
+  on_mesh = Sampler(plain.cfg, None, F32, mesh=mesh, batch_axes="fsdp")
+  out = on_mesh.generate(sharded, prompts, seed=0, temperature=0.0, max_new_tokens=16)
+  assert out.tokens == ref.tokens
+  for a, b in zip(out.logprobs, ref.logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_input_errors(hf_ckpt):
+  _, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32")
+  sampler = Sampler(model.cfg, None, F32)
+  with pytest.raises(ValueError, match="exceeds the largest prompt bucket 16"):
+    sampler.generate(model, [[1] * 17], seed=0)
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    sampler.generate(model, [[1], []], seed=0)
+  with pytest.raises(ValueError, match="outside"):
+    sampler.generate(model, [[256]], seed=0)
+  with pytest.raises(ValueError, match="stop_strings need a tokenizer"):
+    sampler.generate(model, [[1]], seed=0, stop_strings=["x"])
