@@ -1,4 +1,3 @@
-"""Linear layer followed by LayerNorm over the output features (with a non-trivial affine)."""
 import torch
 import torch.nn as nn
 
@@ -9,23 +8,24 @@ EPS = 1e-5
 
 
 class Model(nn.Module):
-  """nn.Linear then nn.LayerNorm(out_features)."""
+    """Linear layer followed by LayerNorm over the output features."""
 
-  def __init__(self, in_features, out_features, eps):
-    super().__init__()
-    self.linear = nn.Linear(in_features, out_features)
-    self.norm = nn.LayerNorm(out_features, eps=eps)
-    with torch.no_grad():  # non-trivial affine so that ignoring it is an error
-      self.norm.weight.uniform_(0.5, 1.5)
-      self.norm.bias.uniform_(-0.5, 0.5)
+    def __init__(self, in_features: int, out_features: int, eps: float):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.norm = nn.LayerNorm(out_features, eps=eps)
+        # Random affine parameters, so that a kernel ignoring them cannot pass.
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
 
-  def forward(self, x):
-    return self.norm(self.linear(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x))
 
 
 def get_inputs():
-  return [torch.randn(BATCH, IN_FEATURES)]
+    return [torch.randn(BATCH, IN_FEATURES)]
 
 
 def get_init_inputs():
-  return [IN_FEATURES, OUT_FEATURES, EPS]
+    return [IN_FEATURES, OUT_FEATURES, EPS]

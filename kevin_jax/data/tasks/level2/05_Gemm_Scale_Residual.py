@@ -1,4 +1,3 @@
-"""Square linear layer, scaled, plus a residual connection: y = (x @ W^T + b) * s + x."""
 import torch
 import torch.nn as nn
 
@@ -8,20 +7,20 @@ SCALE = 0.5
 
 
 class Model(nn.Module):
-  """nn.Linear(features, features), multiply by a constant, add the input."""
+    """Square linear layer, scaled, plus a residual connection: y = (x @ W^T + b) * scale + x."""
 
-  def __init__(self, features, scale):
-    super().__init__()
-    self.linear = nn.Linear(features, features)
-    self.scale = scale
+    def __init__(self, features: int, scale: float):
+        super().__init__()
+        self.linear = nn.Linear(features, features)
+        self.scale = scale
 
-  def forward(self, x):
-    return self.linear(x) * self.scale + x
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale + x
 
 
 def get_inputs():
-  return [torch.randn(BATCH, FEATURES)]
+    return [torch.randn(BATCH, FEATURES)]
 
 
 def get_init_inputs():
-  return [FEATURES, SCALE]
+    return [FEATURES, SCALE]
