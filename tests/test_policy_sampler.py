@@ -195,3 +195,21 @@ def test_input_errors(hf_ckpt):
     sampler.generate(model, [[256]], seed=0)
   with pytest.raises(ValueError, match="stop_strings need a tokenizer"):
     sampler.generate(model, [[1]], seed=0, stop_strings=["x"])
+
+
+def test_generate_cli(tmp_path, capsys):
+  from kevin_jax.policy import generate, save_pretrained  # pylint: disable=g-import-not-at-top
+  tok = load_tokenizer()
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32")
+  model = Qwen2(cfg, rngs=nnx.Rngs(1))
+  save_pretrained(model, tmp_path)
+  tok.hf.save_pretrained(tmp_path)
+  for chat in (False, True):
+    argv = ["--checkpoint", str(tmp_path), "--prompt", "__global__ void", "--max-new-tokens", "12"]
+    assert generate.main(argv + (["--chat"] if chat else [])) == 0
+    printed = capsys.readouterr().out
+    ids = tok.encode_chat([{"role": "user", "content": "__global__ void"}]) if chat else tok.encode(
+        "__global__ void")
+    sampler = Sampler(cfg, tok, SamplerConfig(batch_size=1, prompt_buckets=(16,), kv_cache_dtype="float32"))
+    ref = sampler.generate(model, [ids], seed=0, temperature=0.0, max_new_tokens=12)
+    assert printed == ref.text[0] + "\n"

@@ -16,8 +16,6 @@ import json
 import os
 from typing import Any, Mapping
 
-import jax.numpy as jnp
-
 _REMAT = ("none", "full", "dots")
 _ATTENTION_IMPLS = ("xla", "cudnn")
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -86,11 +84,13 @@ class ModelConfig:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 
   @property
-  def param_jnp_dtype(self) -> jnp.dtype:
+  def param_jnp_dtype(self) -> Any:
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top  (keeps `import kevin_jax.policy` light)
     return jnp.dtype(self.param_dtype)
 
   @property
-  def compute_jnp_dtype(self) -> jnp.dtype:
+  def compute_jnp_dtype(self) -> Any:
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     return jnp.dtype(self.compute_dtype)
 
   @property
