@@ -1,0 +1,199 @@
+"""Candidate-side GPU buffers: guard bands with secret canaries, poison, sealing, mutation and guard checks.
+
+Every tensor a candidate sees (inputs, parameters, outputs, scratch) is its own allocation laid out as
+[guard | data | pad to 256 B + guard]; the guards hold random bytes drawn per evaluation and are compared after
+every launch (out-of-bounds writes). Outputs and scratch are filled with a poison byte before every run: 0xFF
+(NaN for every float dtype) on the first run and 0x5A (a finite, unlikely value) on the second, so elements a
+kernel never writes are found either as NaN or as the exact poison value. `seal` XORs a buffer with a secret
+byte stream regenerated from a seed held only on the host, so a kept copy is useless to later launches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+GUARD_BYTES = 64 * 1024
+ALIGN = 256
+POISON_NAN = 0xFF  # First run: NaN in fp32/fp64/fp16/bf16, -1 in integers.
+POISON_FINITE = 0x5A  # Second run: 1.5e16 (fp32), 203.25 (fp16), ...
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+          "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool, "int8": torch.int8,
+          "int16": torch.int16}
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+  """A flat uint8 view of a contiguous tensor's bytes."""
+  return t.reshape(-1).view(torch.uint8)
+
+
+def poison_value_count(t: torch.Tensor, byte: int) -> int:
+  """Elements whose bytes all equal `byte` (outputs never written after a poison fill)."""
+  size = t.element_size()
+  if t.numel() == 0:
+    return 0
+  pattern = int.from_bytes(bytes([byte]) * size, "little", signed=size > 1)
+  if size == 1:
+    pattern = byte
+  return int((t.reshape(-1).view(_INT_VIEW[size]) == pattern).sum().item())
+
+
+@dataclasses.dataclass
+class Guarded:
+  """One guarded allocation; `tensor` is the data view the kernel gets a pointer to."""
+  name: str
+  raw: torch.Tensor
+  tensor: torch.Tensor
+  nbytes: int
+
+  @property
+  def head(self) -> torch.Tensor:
+    return self.raw[:GUARD_BYTES]
+
+  @property
+  def tail(self) -> torch.Tensor:
+    return self.raw[GUARD_BYTES + self.nbytes:]
+
+  @property
+  def ptr(self) -> int:
+    return self.tensor.data_ptr() if self.nbytes else self.raw.data_ptr() + GUARD_BYTES
+
+
+class BufferSet:
+  """All buffers of one evaluation (one GPU, one stream), with a shared secret canary pattern."""
+
+  def __init__(self, device: torch.device, gen: torch.Generator):
+    self.device = device
+    self.gen = gen
+    self.pattern = torch.randint(0, 256, (GUARD_BYTES + ALIGN,), dtype=torch.uint8, device=device, generator=gen)
+    self.buffers: dict[str, Guarded] = {}
+    self.param_snapshot: dict[str, torch.Tensor] = {}  # Parameter copies as handed to the candidate.
+
+  def alloc(self, name: str, shape, dtype: torch.dtype) -> Guarded:
+    numel = 1
+    for s in shape:
+      numel *= int(s)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    pad = (-nbytes) % ALIGN
+    raw = torch.empty(GUARD_BYTES + nbytes + pad + GUARD_BYTES, dtype=torch.uint8, device=self.device)
+    raw[:GUARD_BYTES].copy_(self.pattern[:GUARD_BYTES])
+    raw[GUARD_BYTES + nbytes:].copy_(self.pattern[:GUARD_BYTES + pad])
+    data = raw[GUARD_BYTES:GUARD_BYTES + nbytes].view(dtype).view(tuple(int(s) for s in shape))
+    g = Guarded(name=name, raw=raw, tensor=data, nbytes=nbytes)
+    self.buffers[name] = g
+    return g
+
+  def __getitem__(self, name: str) -> Guarded:
+    return self.buffers[name]
+
+  def pointers(self) -> dict[str, int]:
+    return {n: g.ptr for n, g in self.buffers.items()}
+
+  def guard_violations(self) -> list[tuple[str, str, int]]:
+    """(buffer, 'before'|'after', changed bytes) for every guard that no longer matches (one sync)."""
+    items = list(self.buffers.values())
+    if not items:
+      return []
+    counts = []
+    for g in items:
+      counts.append((g.head != self.pattern[:GUARD_BYTES]).sum())
+      counts.append((g.tail != self.pattern[:g.tail.numel()]).sum())
+    host = torch.stack(counts).cpu().tolist()
+    out = []
+    for k, g in enumerate(items):
+      if host[2 * k]:
+        out.append((g.name, "before", int(host[2 * k])))
+      if host[2 * k + 1]:
+        out.append((g.name, "after", int(host[2 * k + 1])))
+    return out
+
+  def fill(self, names, byte: int) -> None:
+    for n in names:
+      g = self.buffers[n]
+      if g.nbytes:
+        g.raw[GUARD_BYTES:GUARD_BYTES + g.nbytes].fill_(byte)
+
+
+def seal(t: torch.Tensor, seed: int) -> None:
+  """XORs a tensor's bytes in place with a secret stream (seed stays on the host); seal again to undo."""
+  if t.numel() == 0:
+    return
+  b = bytes_of(t)
+  gen = torch.Generator(device=t.device)
+  gen.manual_seed(seed)
+  b.bitwise_xor_(torch.randint(0, 256, b.shape, dtype=torch.uint8, device=t.device, generator=gen))
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+  return a.shape == b.shape and torch.equal(bytes_of(a.contiguous()), bytes_of(b.contiguous()))
+
+
+def checksum(tensors) -> list[int]:
+  """Wrapping int64 sums of each tensor's 32-bit words (and of their squares): cheap corruption detection."""
+  sums = []
+  for t in tensors:
+    b = bytes_of(t.detach().contiguous())
+    v = b.view(torch.int32) if b.numel() % 4 == 0 and b.numel() else b
+    v64 = v.to(torch.int64)
+    sums.append(torch.stack([v64.sum(), (v64 * v64).sum()]))
+  return torch.stack(sums).cpu().reshape(-1).tolist() if sums else []
+
+
+def tolerance_for(dtype: torch.dtype, atol: float, rtol: float, half_atol: float, half_rtol: float,
+                  task_atol=None, task_rtol=None) -> tuple[float, float]:
+  """Per-dtype tolerance: the task's override, else fp16/bf16 -> half_*, other floats -> atol/rtol."""
+  if dtype in (torch.float16, torch.bfloat16):
+    a, r = half_atol, half_rtol
+  else:
+    a, r = atol, rtol
+  return (a if task_atol is None else task_atol, r if task_rtol is None else task_rtol)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> dict | None:
+  """None when `out` matches `ref`; else mismatch statistics (bad count, non-finite, max errors, first index).
+
+  Floats: |out - ref| <= atol + rtol * |ref| elementwise (torch.isclose); NaN/Inf pass only where the reference
+  has the same non-finite value. Integers and bool: exact.
+  """
+  if out.shape != ref.shape:
+    return {"bad": out.numel(), "numel": ref.numel(), "shape_mismatch": [list(out.shape), list(ref.shape)]}
+  n = ref.numel()
+  if n == 0:
+    return None
+  if ref.is_floating_point():
+    wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    o, r = out.to(wide), ref.to(wide)
+    ok = torch.isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)
+  else:
+    o, r = out, ref
+    ok = o == r
+  bad = int((~ok).sum().item())
+  if bad == 0:
+    return None
+  stats: dict = {"bad": bad, "numel": n}
+  flat_bad = (~ok).reshape(-1)
+  first = int(torch.nonzero(flat_bad)[0, 0].item())
+  if ref.is_floating_point():
+    fin_r = torch.isfinite(r)
+    fin_o = torch.isfinite(o)
+    stats["nonfinite"] = int((~fin_o & fin_r).sum().item())
+    both = fin_r & fin_o
+    diff = torch.where(both, (o - r).abs(), torch.zeros((), dtype=wide, device=o.device))
+    stats["max_abs_err"] = float(diff.max().item())
+    stats["max_rel_err"] = float((diff / r.abs().clamp_min(max(atol, 1e-30))).max().item())
+  idx = []
+  rem = first
+  for s in reversed(ref.shape):
+    idx.append(rem % s)
+    rem //= s
+  stats["first_index"] = list(reversed(idx))
+  stats["expected"] = _scalar(ref.reshape(-1)[first])
+  stats["got"] = _scalar(out.reshape(-1)[first])
+  return stats
+
+
+def _scalar(x: torch.Tensor):
+  v = x.item()
+  return float(v) if isinstance(v, float) else int(v)

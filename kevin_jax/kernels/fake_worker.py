@@ -1,0 +1,62 @@
+"""A stand-in for the GPU worker (role 'fake') so the supervisor can be tested on a CPU-only machine.
+
+It behaves like a GPU worker that evaluates instantly, except when the candidate's CUDA source contains a
+`FAKE:<action>` marker: exit (os._exit), segv (a real segmentation fault), hang (sleep forever in a phase),
+hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, raise, alloc=<MiB>
+(grow host memory), fatal (report a sticky error), incorrect.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+
+
+class FakeHandler:
+  def __init__(self, settings: dict):
+    self.settings = settings
+    self.count = 0
+    self.describe = {"device_name": "fake", "arch": settings.get("fake_arch", "sm_90"), "limits": {},
+                     "torch": "fake", "pid": os.getpid()}
+
+  def run(self, payload: dict, report) -> dict:
+    self.count += 1
+    text = payload.get("text", "")
+    m = re.search(r"FAKE:(\w+)(?:=([\d.]+))?", text)
+    action, arg = (m.group(1), m.group(2)) if m else ("", None)
+    report("load")
+    if action == "hang_reference" and "normal" not in payload.get("unsafe_dists", []):
+      report("reference:normal")
+      time.sleep(3600)
+    report("candidate")
+    if action == "exit":
+      os._exit(7)
+    if action == "segv":
+      ctypes.string_at(0)
+    if action == "hang":
+      time.sleep(3600)
+    if action == "sleep":
+      time.sleep(float(arg))
+    if action == "raise":
+      raise RuntimeError("fake failure inside the worker")
+    if action == "alloc":
+      hog = bytearray(int(float(arg) * 2**20))
+      for i in range(0, len(hog), 4096):
+        hog[i] = 1
+      time.sleep(30)
+    report("timing")
+    res = {"status": "correct", "error": "", "flags": [], "details": {"worker_pid": os.getpid(),
+                                                                       "worker_count": self.count,
+                                                                       "unsafe_dists": payload.get("unsafe_dists", [])},
+           "times": {"correctness": 0.001, "timing": 0.001}, "speedup": 2.0, "ref_time_ms": 1.0,
+           "cand_time_ms": 0.5, "fatal": False}
+    if action == "incorrect":
+      res.update(status="incorrect", error="output 'out' does not match the reference", speedup=None)
+    if action == "fatal":
+      res.update(status="runtime_error", error="illegal memory access (fake)", fatal=True, speedup=None,
+                 flags=["illegal_address"])
+    if payload.get("ref_time_ms") is not None:
+      res["details"]["ref_time_ms_given"] = payload["ref_time_ms"]
+    return res

@@ -1,0 +1,73 @@
+"""Input draws for correctness trials and timing: the task's own distribution and several others.
+
+Every draw uses a seed the candidate cannot see (the worker's secret RNG). Distributions, applied to the
+floating-point tensors of a fresh `get_inputs()` draw (integer/bool tensors and scalars always come from
+`get_inputs()` itself, so indices stay valid):
+
+  task     get_inputs() as written, reseeded
+  normal   N(0, 1)
+  uniform  U(-1, 1)
+  heavy    Laplace(0, 1) (heavy tails; defeats closed-form shortcuts and strided subsampling)
+  shifted  N(1, 2^2)
+  shrunk   the task's own draw times U(0, 1] elementwise (keeps signs, zeros and any interval containing 0)
+
+A tensor whose task draw has >= 1% exact zeros is treated as structured (e.g. triangular): it gets `shrunk`
+instead of a replacement, so its zero pattern survives. When the reference output on a non-task draw is not
+finite, the worker falls back to the task distribution for that trial.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DISTRIBUTIONS = ("task", "normal", "uniform", "heavy", "shifted", "shrunk")
+STRUCTURED_ZERO_FRACTION = 0.01
+
+
+def draw(module, dist: str, seed: int, device: torch.device) -> list:
+  """One input list on `device` (contiguous tensors; scalars unchanged)."""
+  if dist not in DISTRIBUTIONS:
+    raise ValueError(f"unknown input distribution {dist!r} (known: {', '.join(DISTRIBUTIONS)})")
+  torch.manual_seed(seed)
+  try:
+    with torch.device(device):
+      xs = list(module.get_inputs())
+  except RuntimeError:
+    xs = list(module.get_inputs())  # get_inputs that insists on CPU tensors.
+  xs = [x.to(device).contiguous() if isinstance(x, torch.Tensor) else x for x in xs]
+  if dist == "task":
+    return xs
+  gen = torch.Generator(device=device)
+  gen.manual_seed(seed ^ 0x5DEECE66D)
+  return [_transform(x, dist, gen) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
+
+
+def _transform(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
+  if x.numel() == 0:
+    return x
+  structured = (x == 0).float().mean().item() >= STRUCTURED_ZERO_FRACTION
+  if dist == "shrunk" or structured:
+    u = 1.0 - torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32)  # (0, 1]
+    return (x.float() * u).to(x.dtype)
+  kw = dict(generator=gen, device=x.device, dtype=torch.float32)
+  if dist == "normal":
+    y = torch.randn(x.shape, **kw)
+  elif dist == "uniform":
+    y = torch.rand(x.shape, **kw) * 2 - 1
+  elif dist == "heavy":
+    u = torch.rand(x.shape, **kw) - 0.5
+    y = -torch.sign(u) * torch.log1p(-2 * u.abs()).clamp_min(-80.0)
+  elif dist == "shifted":
+    y = torch.randn(x.shape, **kw) * 2 + 1
+  else:
+    raise ValueError(dist)
+  return y.to(x.dtype).contiguous()
+
+
+def trial_distributions(n_trials: int, configured, task_override, unsafe=()) -> list[str]:
+  """Distribution per correctness trial: the task's override or the configured list, cycled; 'task' first."""
+  names = list(task_override) if task_override else list(configured or ("task",))
+  names = [n for n in names if n not in set(unsafe)] or ["task"]
+  if names[0] != "task":
+    names = ["task"] + names
+  return [names[i % len(names)] for i in range(n_trials)]

@@ -1,0 +1,232 @@
+"""Timing protocol (evaluator-anchors.md §4.3), identical for the reference and the candidate.
+
+Per iteration (warm-up iterations first, untimed):
+  1. input set k = i mod G (G >= 2 sets drawn from the task's distribution with secret seeds); every floating
+     input is multiplied by a fresh secret factor in [0.8, 1] into both sides' input buffers, so no launch ever
+     sees contents it saw before (defeats memoisation keyed by pointer or content);
+  2. candidate outputs and scratch are poisoned (NaN);
+  3. L2 flush (a >= 2 x L2 write), CUDA events around the candidate's launches;
+  4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
+  5. on a secret random subset of iterations (always the first and the last; all of them when re-checking an
+     excessive speedup) the candidate's outputs are compared on the GPU with the reference outputs of the same
+     inputs, computed after the candidate finished; then the reference outputs are scrubbed;
+  6. a polled device sync with a deadline (a hang becomes a timeout).
+Statistic: median of N per side; speedup = median_ref / median_candidate. Launch-bound tasks (reference below
+`graph_threshold_ms`) can be timed as CUDA-graph replays on both sides (`timing_graphs`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from kevin_jax.kernels import buffers as B
+from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels.runner import wait
+
+
+def _stats(ms: list[float]) -> dict:
+  if not ms:
+    return {}
+  s = sorted(ms)
+  q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
+  return {"median": statistics.median(s), "mean": statistics.fmean(s), "min": s[0], "p10": q(0.1), "p90": q(0.9),
+          "n": len(s)}
+
+
+def _count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+  if ref.is_floating_point():
+    wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    return (~torch.isclose(out.to(wide), ref.to(wide), rtol=rtol, atol=atol, equal_nan=True)).sum()
+  return (out != ref).sum()
+
+
+def _scrub(outs, param_ptrs) -> None:
+  for o in outs:
+    if o.untyped_storage().data_ptr() not in param_ptrs and o.is_contiguous():
+      B.bytes_of(o).fill_(0)
+
+
+class _Setup:
+  """Input sets, buffer pointers and (optionally) CUDA graphs for one timing measurement."""
+
+  def __init__(self, w, state, bound, mod, bufs):
+    s, info = w.s, state.info
+    self.w, self.state, self.bound, self.mod, self.bufs = w, state, bound, mod, bufs
+    self.n_sets = max(2, int(s["timing_input_sets"]))
+    self.names = [n for n, i in zip(info.input_names, info.inputs) if i["kind"] == "tensor"]
+    self.base = [I.draw(state.module, "task", w.secret.getrandbits(62), w.device) for _ in range(self.n_sets)]
+    self.ptrs, self.cand_in = [], []
+    for k in range(self.n_sets):
+      ptrs = bufs.pointers()
+      row = []
+      for name in self.names:
+        g = bufs[name] if k == 0 else bufs.alloc(f"{name}#{k}", bufs[name].tensor.shape, bufs[name].tensor.dtype)
+        ptrs[name] = g.ptr
+        row.append(g.tensor)
+      self.ptrs.append(ptrs)
+      self.cand_in.append(row)
+    self.ref_in = [[x.clone() if isinstance(x, torch.Tensor) else x for x in base] for base in self.base]
+    self.outs = [f"out{j}" for j in range(len(info.outputs))]
+    self.fill = self.outs + [name for name, _, _, zero in bound.scratch if not zero]
+    self.zeros = [name for name, _, _, zero in bound.scratch if zero]
+    self.tols = [B.tolerance_for(B.DTYPES[o["dtype"]], s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
+                                 info.options.get("atol"), info.options.get("rtol")) for o in info.outputs]
+    self.param_ptrs = {p.untyped_storage().data_ptr() for p in state.params.values()}
+    self.cand_graphs = self.ref_graphs = None
+
+  def set_inputs(self, k: int) -> None:
+    """Fresh contents for set k: base * secret factor in [0.8, 1] into both sides' buffers."""
+    ref_tensors = [x for x in self.ref_in[k] if isinstance(x, torch.Tensor)]
+    base_tensors = [x for x in self.base[k] if isinstance(x, torch.Tensor)]
+    for b, c, r in zip(base_tensors, self.cand_in[k], ref_tensors):
+      if b.is_floating_point():
+        f = self.w.secret.uniform(0.8, 1.0)
+        torch.mul(b, f, out=c)
+        torch.mul(b, f, out=r)
+      else:
+        c.copy_(b)
+        r.copy_(b)
+
+  def run_candidate(self, k: int, stream_ptr: int) -> None:
+    if self.cand_graphs is not None:
+      self.cand_graphs[k].replay()
+    else:
+      self.mod.run(self.bound, self.ptrs[k], stream_ptr)
+
+  def run_reference(self, k: int):
+    if self.ref_graphs is not None:
+      g, outs = self.ref_graphs[k]
+      g.replay()
+      return outs
+    with torch.no_grad():
+      out = self.state.model(*self.ref_in[k])
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+  def capture(self) -> None:
+    """CUDA graphs of both sides per input set (raises if either cannot be captured)."""
+    torch.cuda.synchronize()
+    cand, ref = [], []
+    for k in range(self.n_sets):
+      g = torch.cuda.CUDAGraph()
+      with torch.cuda.graph(g):
+        self.mod.run(self.bound, self.ptrs[k], torch.cuda.current_stream().cuda_stream)
+      cand.append(g)
+      g = torch.cuda.CUDAGraph()
+      with torch.no_grad(), torch.cuda.graph(g):
+        out = self.state.model(*self.ref_in[k])
+      ref.append((g, tuple(out) if isinstance(out, (tuple, list)) else (out,)))
+    torch.cuda.synchronize()
+    self.cand_graphs, self.ref_graphs = cand, ref
+
+
+def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bool, deadline_s: float) -> dict:
+  w, stream = su.w, su.w.stream
+  total = warmup + n_runs
+  frac = float(w.s["validate_fraction"])
+  validate = [validate_all or i in (0, total - 1) or (i >= warmup and w.secret.random() < frac)
+              for i in range(total)]
+  cand_ev, ref_ev, checks = [], [], []
+  for i in range(total):
+    k = i % su.n_sets
+    su.set_inputs(k)
+    su.bufs.fill(su.fill, B.POISON_NAN)
+    su.bufs.fill(su.zeros, 0)
+    c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    w.flush.zero_()
+    c0.record(stream)
+    su.run_candidate(k, stream.cuda_stream)
+    c1.record(stream)
+    if time_ref or validate[i]:
+      r0, r1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+      w.flush.zero_()
+      r0.record(stream)
+      ref_out = su.run_reference(k)
+      r1.record(stream)
+      if validate[i]:
+        bad = [_count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
+        checks.append((i, torch.stack(bad).sum()))
+      _scrub(ref_out, su.param_ptrs)
+      del ref_out
+      if i >= warmup and time_ref:
+        ref_ev.append((r0, r1))
+    wait(stream, time.monotonic() + deadline_s, f"timed run {i + 1}")
+    if i >= warmup:
+      cand_ev.append((c0, c1))
+  out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
+         "validated": len(checks), "bad_run": None}
+  if checks:
+    counts = torch.stack([c for _, c in checks]).cpu().tolist()
+    for (i, _), n in zip(checks, counts):
+      if n:
+        out["bad_run"], out["bad_count"] = i + 1, int(n)
+        break
+  return out
+
+
+def _per_launch_ms(su: _Setup) -> list:
+  """One extra flushed run with events between launches (feedback on where the time goes)."""
+  stream = su.w.stream
+  su.set_inputs(0)
+  su.bufs.fill(su.fill, B.POISON_NAN)
+  su.bufs.fill(su.zeros, 0)
+  su.w.flush.zero_()
+  evs = [torch.cuda.Event(enable_timing=True) for _ in range(len(su.bound.launches) + 1)]
+  evs[0].record(stream)
+  for k, bl in enumerate(su.bound.launches):
+    su.mod.launch(bl, su.ptrs[0], stream.cuda_stream)
+    evs[k + 1].record(stream)
+  evs[-1].synchronize()
+  return [(bl.kernel, evs[k].elapsed_time(evs[k + 1])) for k, bl in enumerate(su.bound.launches)]
+
+
+def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict) -> None:
+  """Times candidate vs reference; sets res status/speedup/timings (or incorrect if a timed output is wrong)."""
+  s = w.s
+  su = _Setup(w, state, bound, mod, bufs)
+  cached_ref = job.get("ref_time_ms")
+  time_ref = cached_ref is None
+  mode = s["timing_graphs"]
+  method = "events"
+  if mode == "always" or (mode == "auto" and state.ref_ms_rough < float(s["graph_threshold_ms"])):
+    try:
+      su.capture()
+      method = "cuda_graphs"
+      res["flags"].append("cuda_graphs")
+    except Exception as e:  # pylint: disable=broad-except
+      su.cand_graphs = su.ref_graphs = None
+      res["details"]["graph_capture_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+      torch.cuda.synchronize()  # Raises (-> fatal) if the failed capture broke the context.
+  p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
+  info = {"method": method, "input_sets": su.n_sets, "flush_bytes": w.flush.numel(), "validated": p["validated"]}
+
+  def conclude(p, recheck: bool) -> bool:
+    cand, ref = _stats(p["cand_ms"]), _stats(p["ref_ms"])
+    ref_median = ref["median"] if ref else float(cached_ref)
+    info.update(cand_ms=cand, ref_ms=ref or {"median": ref_median, "cached": True})
+    res["cand_time_ms"], res["ref_time_ms"] = cand["median"], ref_median
+    res["speedup"] = ref_median / cand["median"] if cand["median"] > 0 else float("inf")
+    if p["bad_run"] is not None:
+      res["flags"].append("timing_validation_failed")
+      res["status"] = "incorrect"
+      res["error"] = (f"the output of timed run {p['bad_run']} was wrong ({p['bad_count']:,} elements) although the "
+                      f"correctness trials passed: results must not depend on earlier launches or call counts"
+                      + (" (re-check of an excessive speedup)" if recheck else ""))
+      res["speedup"] = None
+      return False
+    return True
+
+  ok = conclude(p, False)
+  if ok and res["speedup"] > float(s["excessive_speedup"]):
+    res["flags"].append("excessive_speedup")
+    info["first_pass"] = {"cand_ms": info["cand_ms"], "ref_ms": info["ref_ms"]}
+    p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), True, time_ref, deadline_s)
+    info["validated"] = p["validated"]
+    ok = conclude(p, True)
+  if ok:
+    res["status"] = "correct"
+    if len(bound.launches) > 1 and su.cand_graphs is None:
+      res["details"]["kernel_ms"] = _per_launch_ms(su)
+  res["details"]["timing"] = info

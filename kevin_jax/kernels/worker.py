@@ -1,0 +1,407 @@
+"""The GPU worker: one process per GPU slot, driven by the supervisor (worker_main.py) through a pipe.
+
+Per evaluation: load the task (cached: the reference Model built once with a fixed seed, TF32 off unless the
+task sets ALLOW_TF32), re-validate the plan against the live shapes and the real device limits, load the cubin
+as a fresh module, then
+
+  correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
+               first on its own copies; its outputs go to pinned host memory and the GPU copies are scrubbed and
+               freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A), with a sync,
+               a canary check after every launch, and an input/parameter byte check after every run; the first
+               run's outputs are sealed (XOR with a secret stream) while the second runs. Both runs are compared
+               with the reference (uploaded only now).
+  timing       see timing.py.
+
+Any fault that leaves the CUDA context unusable (illegal address, trap, hang) marks the result fatal; the worker
+then exits and the supervisor starts a fresh one. Exceptions never escape `GpuWorker.run`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+import time
+import traceback
+import warnings
+
+import torch
+
+from kevin_jax.kernels import buffers as B
+from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels import static, tasks, timing
+from kevin_jax.kernels.candidate import FormatError
+from kevin_jax.kernels.plan import BoundPlan, Limits
+from kevin_jax.kernels.runner import CandidateError, KernelModule, classify, wait
+from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, describe_live, task_options
+
+MODEL_SEED = 0
+MAX_CACHED_TASKS = 8
+KIND_FLAGS = {"illegal_address": "illegal_address", "trap": "trap", "hang": "hang", "misaligned": "misaligned_address",
+              "launch": "launch_error", "oom": "gpu_oom", "cuda_error": "cuda_error"}
+
+
+def set_precision(allow_tf32: bool) -> None:
+  """IEEE fp32 matmul/convolution for the reference unless the task allows TF32 (torch >= 2.9 API, else legacy)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    mode = "tf32" if allow_tf32 else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+      torch.backends.cuda.matmul.fp32_precision = mode
+      torch.backends.cudnn.conv.fp32_precision = mode
+      torch.backends.cudnn.rnn.fp32_precision = mode
+    else:
+      torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+      torch.backends.cudnn.allow_tf32 = allow_tf32
+
+
+def as_tuple(out) -> tuple:
+  return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+@dataclasses.dataclass
+class TaskState:
+  """A loaded task: module, reference model on the GPU, live TaskInfo, parameter checksums, pinned buffers."""
+  task_id: str
+  module: object
+  model: torch.nn.Module
+  info: TaskInfo
+  params: dict[str, torch.Tensor]
+  param_sums: list[int]
+  ref_ms_rough: float
+  pinned: dict = dataclasses.field(default_factory=dict)
+
+  def pinned_out(self, j: int, like: torch.Tensor) -> torch.Tensor:
+    buf = self.pinned.get(j)
+    if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+      buf = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
+      self.pinned[j] = buf
+    return buf
+
+
+class GpuWorker:
+  """Evaluates candidates on GPU 0 of this process (CUDA_VISIBLE_DEVICES is set by the supervisor)."""
+
+  def __init__(self, settings: dict):
+    self.s = settings
+    torch.cuda.init()
+    self.device = torch.device("cuda", 0)
+    torch.cuda.set_device(self.device)
+    from cupy_backends.cuda.api import runtime as rt  # pylint: disable=g-import-not-at-top
+    attr = lambda a: int(rt.deviceGetAttribute(a, 0))
+    props = torch.cuda.get_device_properties(0)
+    self.limits = Limits(
+        max_threads=attr(rt.cudaDevAttrMaxThreadsPerBlock),
+        max_block=(attr(rt.cudaDevAttrMaxBlockDimX), attr(rt.cudaDevAttrMaxBlockDimY),
+                   attr(rt.cudaDevAttrMaxBlockDimZ)),
+        max_grid=(attr(rt.cudaDevAttrMaxGridDimX), attr(rt.cudaDevAttrMaxGridDimY), attr(rt.cudaDevAttrMaxGridDimZ)),
+        max_smem=attr(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin))
+    self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or attr(rt.cudaDevAttrL2CacheSize))
+    self.stream = torch.cuda.Stream(device=self.device)
+    flush = int(settings.get("flush_bytes") or max(2 * self.l2_bytes, 256 * 2**20))
+    self.flush = torch.empty(flush, dtype=torch.uint8, device=self.device)
+    self.tasks: "collections.OrderedDict[tuple, TaskState]" = collections.OrderedDict()
+    seed = settings.get("seed", -1)
+    self.secret = random.Random(seed) if seed is not None and seed >= 0 else random.SystemRandom()
+    import cupy  # pylint: disable=g-import-not-at-top
+    self.describe = {
+        "device_name": props.name, "arch": f"sm_{props.major}{props.minor}", "sm_count": props.multi_processor_count,
+        "l2_bytes": self.l2_bytes, "total_memory": int(props.total_memory), "limits": dataclasses.asdict(self.limits),
+        "torch": torch.__version__, "cupy": cupy.__version__, "cuda_runtime": torch.version.cuda,
+        "flush_bytes": flush}
+
+  # --- tasks ---------------------------------------------------------------------------------------------
+
+  def task(self, task_id: str, path: str) -> TaskState:
+    key = (task_id, path)
+    st = self.tasks.get(key)
+    if st is None:
+      st = self._load_task(task_id, path)
+      self.tasks[key] = st
+      while len(self.tasks) > MAX_CACHED_TASKS:
+        self.tasks.popitem(last=False)
+    self.tasks.move_to_end(key)
+    return st
+
+  def _load_task(self, task_id: str, path: str) -> TaskState:
+    try:
+      module = tasks.load_module(tasks.TaskSpec(id=task_id, path=path, level=0))
+    except Exception as e:  # pylint: disable=broad-except
+      raise TaskError(f"task {task_id} failed to import: {type(e).__name__}: {e}") from e
+    set_precision(task_options(module)["allow_tf32"])
+    with torch.cuda.stream(self.stream), torch.no_grad():
+      torch.manual_seed(MODEL_SEED)
+      init = module.get_init_inputs()
+      try:
+        with torch.device(self.device):
+          model = module.Model(*init)
+      except RuntimeError:
+        torch.manual_seed(MODEL_SEED)
+        model = module.Model(*init)
+      model = model.to(self.device)
+      x = I.draw(module, "task", MODEL_SEED, self.device)
+      out = model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in x])
+      info = describe_live(task_id, module, model, x, out)
+      start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+      start.record(self.stream)
+      model(*x)
+      end.record(self.stream)
+      end.synchronize()
+      ref_ms = start.elapsed_time(end)
+      params = {n: p.detach() for n, p in list(model.named_parameters()) + list(model.named_buffers())}
+      sums = B.checksum(p for n, p in model.named_parameters())
+    return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_sums=sums,
+                     ref_ms_rough=ref_ms)
+
+  # --- one evaluation ------------------------------------------------------------------------------------
+
+  def run(self, job: dict, report) -> dict:
+    """Evaluates one compiled candidate. Returns a result dict (never raises)."""
+    res = {"status": "", "error": "", "flags": [], "details": {}, "times": {}, "fatal": False}
+    times = res["times"]
+    t0 = time.perf_counter()
+    state = None
+    try:
+      report("load")
+      state = self.task(job["task_id"], job["task_path"])
+      times["load"] = time.perf_counter() - t0
+      set_precision(state.info.options["allow_tf32"])
+      try:
+        _, bound = static.validate(job["text"], state.info, self.limits)
+      except FormatError as e:
+        return _final(res, "format_error", str(e))
+      with torch.cuda.stream(self.stream):
+        self._evaluate(job, state, bound, res, report)
+    except CandidateError as e:
+      status = "timeout" if e.kind == "hang" else "runtime_error"
+      res["flags"].append(KIND_FLAGS.get(e.kind, e.kind))
+      res["fatal"] = res["fatal"] or e.fatal
+      _final(res, status, e.message)
+    except TaskError as e:
+      res["flags"].append("evaluator_error")
+      _final(res, "runtime_error", f"evaluator error: {e}")
+      res["fatal"] = not _context_ok()
+    except Exception as e:  # pylint: disable=broad-except
+      kind, msg = classify(e, at_launch=False)
+      res["details"]["traceback"] = traceback.format_exc()[-4000:]
+      healthy = _context_ok()
+      if kind != "cuda_error" or not healthy:
+        _final(res, "runtime_error", f"{msg} [{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}]")
+        res["flags"].append(KIND_FLAGS.get(kind, kind))
+      else:
+        _final(res, "runtime_error", f"evaluator error: {type(e).__name__}: {e}")
+        res["flags"].append("evaluator_error")
+      res["fatal"] = True  # Unknown state: start a fresh worker.
+    finally:
+      if not res["fatal"]:
+        self._after(state, res)
+    times["gpu_total"] = time.perf_counter() - t0
+    return res
+
+  def _after(self, state: TaskState | None, res: dict) -> None:
+    """Checks the reference weights, frees memory; a failure here makes the worker restart."""
+    try:
+      if state is not None and B.checksum(p for n, p in state.model.named_parameters()) != state.param_sums:
+        res["flags"].append("reference_corrupted")
+        _final(res, "runtime_error", "a kernel wrote into memory it does not own (the reference model's weights)")
+        res["fatal"] = True  # The worker restarts; its cached reference models go with it.
+      torch.cuda.synchronize()
+      torch.cuda.empty_cache()
+    except Exception as e:  # pylint: disable=broad-except
+      res["fatal"] = True
+      res["details"]["cleanup_error"] = f"{type(e).__name__}: {e}"
+
+  def _evaluate(self, job, state: TaskState, bound: BoundPlan, res: dict, report) -> None:
+    s, times = self.s, res["times"]
+    t = time.perf_counter()
+    report("prepare")
+    names = sorted({l.kernel for l in bound.launches})
+    try:
+      mod = KernelModule(job["cubin"], names)
+    except Exception as e:  # pylint: disable=broad-except
+      res["flags"].append("evaluator_error")
+      _final(res, "runtime_error", f"evaluator error: could not load the cubin: {e}")
+      return
+    attrs = {n: mod.attributes(n) for n in names}
+    res["details"]["kernel_attributes"] = attrs
+    for k, bl in enumerate(bound.launches, 1):
+      a = attrs[bl.kernel]
+      threads = bl.block[0] * bl.block[1] * bl.block[2]
+      if threads > a["max_threads"]:
+        _final(res, "format_error", f"launch {k} ({bl.kernel}): {threads} threads per block, but the kernel uses "
+                                    f"{a['num_regs']} registers per thread, which allows at most "
+                                    f"{a['max_threads']} threads per block")
+        return
+      if a["static_smem"] + bl.smem > self.limits.max_smem:
+        _final(res, "format_error", f"launch {k} ({bl.kernel}): {a['static_smem']} bytes of static + {bl.smem} "
+                                    f"bytes of dynamic shared memory exceed the device limit "
+                                    f"{self.limits.max_smem} bytes")
+        return
+      mod.allow_dynamic_smem(bl.kernel, bl.smem)
+    gen = torch.Generator(device=self.device)
+    gen.manual_seed(self.secret.getrandbits(62))
+    bufs = self._buffers(state, bound, gen)
+    ref_ms = state.ref_ms_rough
+    deadline_s = max(float(s["kernel_timeout_s"]), 100 * ref_ms / 1e3)
+    times["prepare"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    report("correctness")
+    ok = self._correctness(state, bound, mod, bufs, deadline_s, job, res, report)
+    times["correctness"] = time.perf_counter() - t
+    if not ok:
+      return
+    if s["timing_runs"] <= 0:
+      _final(res, "correct")
+      return
+    t = time.perf_counter()
+    report("timing")
+    timing.measure(self, state, bound, mod, bufs, deadline_s, job, res)
+    times["timing"] = time.perf_counter() - t
+
+  def _buffers(self, state: TaskState, bound: BoundPlan, gen) -> B.BufferSet:
+    bufs = B.BufferSet(self.device, gen)
+    info = state.info
+    for name, inp in zip(info.input_names, info.inputs):
+      if inp["kind"] == "tensor":
+        bufs.alloc(name, inp["shape"], B.DTYPES[inp["dtype"]])
+    for name, p in state.params.items():
+      bufs.alloc(name, p.shape, p.dtype).tensor.copy_(p)
+      bufs.param_snapshot[name] = bufs[name].tensor.clone()
+    for j, out in enumerate(info.outputs):
+      bufs.alloc(f"out{j}", out["shape"], B.DTYPES[out["dtype"]])
+    for name, dtype, shape, _ in bound.scratch:
+      bufs.alloc(name, shape, B.DTYPES[dtype])
+    return bufs
+
+  # --- correctness -----------------------------------------------------------------------------------------
+
+  def reference(self, state: TaskState, inputs: list) -> tuple[list[torch.Tensor], bool]:
+    """Runs the reference on copies; returns (pinned host outputs, all finite). GPU outputs are scrubbed."""
+    ref_in = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    with torch.no_grad():
+      outs = as_tuple(state.model(*ref_in))
+    expect = state.info.outputs
+    if len(outs) != len(expect) or any(list(o.shape) != e["shape"] for o, e in zip(outs, expect)):
+      raise TaskError(f"the reference returned shapes {[list(o.shape) for o in outs]}, expected "
+                      f"{[e['shape'] for e in expect]} (shapes must not change between calls)")
+    checks = [torch.isfinite(o).all() for o in outs if o.is_floating_point()]
+    finite = bool(torch.stack(checks).all().item()) if checks else True
+    host = [state.pinned_out(j, o) for j, o in enumerate(outs)]
+    for h, o in zip(host, outs):
+      h.copy_(o, non_blocking=True)
+    self.stream.synchronize()
+    param_ptrs = {p.untyped_storage().data_ptr() for p in state.params.values()}
+    for o in outs:
+      if o.untyped_storage().data_ptr() not in param_ptrs and o.is_contiguous():
+        B.bytes_of(o).fill_(0)
+    del outs, ref_in
+    torch.cuda.empty_cache()
+    return host, finite
+
+  def _correctness(self, state, bound, mod, bufs, deadline_s, job, res, report) -> bool:
+    s = self.s
+    info = state.info
+    dists = I.trial_distributions(s["correctness_trials"], s["input_distributions"],
+                                  info.options.get("input_distributions"), job.get("unsafe_dists", ()))
+    ptrs = bufs.pointers()
+    outs = [f"out{j}" for j in range(len(info.outputs))]
+    fill = outs + [name for name, _, _, zero in bound.scratch if not zero]
+    zeros = [name for name, _, _, zero in bound.scratch if zero]
+    tensor_inputs = [n for n, i in zip(info.input_names, info.inputs) if i["kind"] == "tensor"]
+    used_dists = []
+    for trial, dist in enumerate(dists, 1):
+      seed = self.secret.getrandbits(62)
+      report(f"reference:{dist}")
+      inputs = I.draw(state.module, dist, seed, self.device)
+      ref_host, finite = self.reference(state, inputs)
+      if not finite and dist != "task":
+        dist = f"task (fallback from {dist})"
+        inputs = I.draw(state.module, "task", seed, self.device)
+        ref_host, finite = self.reference(state, inputs)
+      used_dists.append(dist)
+      report("candidate")
+      pristine = {}
+      for name, x in zip(info.input_names, inputs):
+        if isinstance(x, torch.Tensor):
+          bufs[name].tensor.copy_(x)
+          pristine[name] = x
+      seal_seed = self.secret.getrandbits(62)
+      kept = None
+      for run, poison in ((1, B.POISON_NAN), (2, B.POISON_FINITE)):
+        bufs.fill(fill, poison)
+        bufs.fill(zeros, 0)
+        for k, bl in enumerate(bound.launches, 1):
+          where = f"launch {k} ({bl.kernel})"
+          try:
+            mod.launch(bl, ptrs, self.stream.cuda_stream)
+          except Exception as e:  # pylint: disable=broad-except
+            kind, msg = classify(e, at_launch=True)
+            raise CandidateError(kind, f"{where}: {msg} [{str(e)[:160]}]", fatal=not _context_ok()) from e
+          wait(self.stream, time.monotonic() + deadline_s, where)
+          bad = bufs.guard_violations()
+          if bad:
+            name, side, nbytes = bad[0]
+            shown = "out" if name == "out0" and len(outs) == 1 else name
+            res["flags"].append("out_of_bounds_write")
+            _final(res, "runtime_error", f"{where} wrote outside buffer '{shown}' ({nbytes} guard bytes "
+                                         f"{'before its start' if side == 'before' else 'after its end'} changed)")
+            return False
+        changed = [n for n in tensor_inputs if not B.same_bytes(bufs[n].tensor, pristine[n])]
+        changed += [n for n, p in bufs.param_snapshot.items() if not B.same_bytes(bufs[n].tensor, p)]
+        if changed:
+          res["flags"].append("input_mutation")
+          _final(res, "runtime_error", f"the kernels modified the input '{changed[0]}'; inputs and parameters "
+                                       f"are read-only (use a scratch buffer)")
+          return False
+        if run == 1:
+          kept = [bufs[o].tensor.clone() for o in outs]
+          for x in kept:
+            B.seal(x, seal_seed)
+      for x in kept:
+        B.seal(x, seal_seed)
+      ref = [h.to(self.device, non_blocking=True) for h in ref_host]
+      for j, o in enumerate(outs):
+        atol, rtol = B.tolerance_for(ref[j].dtype, s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
+                                     info.options.get("atol"), info.options.get("rtol"))
+        m1 = B.compare(kept[j], ref[j], atol, rtol)
+        m2 = B.compare(bufs[o].tensor, ref[j], atol, rtol)
+        if m1 or m2:
+          m = dict(m2 or m1)
+          shown = "out" if len(outs) == 1 else o
+          m.update(output=shown, dtype=str(ref[j].dtype).replace("torch.", ""), shape=list(ref[j].shape),
+                   atol=atol, rtol=rtol, trial=trial, distribution=dist)
+          unwritten = B.poison_value_count(bufs[o].tensor, B.POISON_FINITE)
+          if unwritten:
+            res["flags"].append("unwritten_output")
+            err = (f"{unwritten:,} of {m['numel']:,} elements of output '{shown}' were never written "
+                   f"(they still hold the poison value)")
+          elif (m1 is None) != (m2 is None):
+            res["flags"].append("nondeterministic")
+            err = (f"output '{shown}' differs between two runs on the same inputs (a race, or reading "
+                   f"uninitialised memory)")
+          else:
+            if m.get("nonfinite"):
+              res["flags"].append("nonfinite_output")
+            err = f"output '{shown}' does not match the reference"
+          res["details"]["mismatch"] = m
+          _final(res, "incorrect", err)
+          return False
+      del kept, ref, pristine, inputs
+    res["details"]["distributions"] = used_dists
+    return True
+
+
+def _final(res: dict, status: str, error: str = "") -> dict:
+  res["status"], res["error"] = status, error
+  return res
+
+
+def _context_ok() -> bool:
+  """True when the CUDA context still works (no sticky error)."""
+  try:
+    torch.cuda.synchronize()
+    torch.zeros(1, device="cuda").add_(1).item()
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
