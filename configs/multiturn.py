@@ -101,10 +101,30 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.log_speedup = False  # Use log2(1 + speedup) instead of speedup in the score.
   c.evaluator.excessive_speedup = 10.0  # Speedups above this re-validate outputs captured during timing.
   c.evaluator.compile_timeout_s = 60.0  # Wall-clock limit for compiling one candidate, seconds.
-  c.evaluator.run_timeout_s = 60.0  # Wall-clock limit for correctness + timing of one candidate, seconds.
+  c.evaluator.run_timeout_s = 60.0  # Wall-clock limit per GPU phase of one candidate (correctness; timing), seconds.
   c.evaluator.recycle_after = 50  # Worker evaluations before it is replaced (leaked modules, __device__ state).
   c.evaluator.worker_host_memory_gb = 32.0  # RLIMIT_AS-style host memory cap per worker, GiB (0 = none).
   c.evaluator.jax_memory_fraction = 0.6  # GPU memory fraction JAX may take when workers share the GPU.
+  c.evaluator.half_atol = 1e-2  # fp16/bf16 absolute tolerance (KernelBench: 1e-2); a task's ATOL overrides.
+  c.evaluator.half_rtol = 1e-2  # fp16/bf16 relative tolerance.
+  c.evaluator.task_timeout_s = 300.0  # Wall-clock limit for loading a task in a GPU worker (reference build), s.
+  c.evaluator.kernel_timeout_s = 5.0  # One run of a candidate's plan longer than max(this, 100 x reference) = hang, s.
+  c.evaluator.worker_start_timeout_s = 300.0  # A worker process must be ready within this many seconds.
+  c.evaluator.timing_input_sets = 2  # Rotating input sets during timing (>= 2; contents also rescaled per run).
+  c.evaluator.input_distributions = ("task", "normal", "uniform", "heavy", "shifted")  # Per correctness trial.
+  c.evaluator.validate_fraction = 0.2  # Share of timed runs whose outputs are re-checked (plus first and last).
+  c.evaluator.timing_graphs = "auto"  # CUDA-graph timing: auto (reference < graph_threshold_ms) | always | never.
+  c.evaluator.graph_threshold_ms = 0.05  # Launch-bound cut-off for timing_graphs=auto, milliseconds.
+  c.evaluator.ref_timing = "interleaved"  # interleaved (time the reference every run) | cached (per task/GPU/torch).
+  c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
+  c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
+  c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).
+  c.evaluator.seed = -1  # Input-draw seed (-1 = secret, fresh per evaluation; >= 0 only for debugging).
+  c.evaluator.nvrtc_pch = True  # NVRTC automatic precompiled headers in compile workers (NVRTC >= 12.8).
+  c.evaluator.max_static_device_bytes = 256 * 2**20  # Cap on a candidate's static __device__ memory, bytes.
+  c.evaluator.spare_workers = True  # Keep one pre-started spare GPU worker per slot (instant replacement).
+  c.evaluator.dedupe = True  # Evaluate identical (task, candidate) pairs of a batch once.
+  c.evaluator.feedback_max_chars = 2000  # Length limit of the feedback message, characters.
 
   # --- Tasks: the bundled suite or a KernelBench checkout. ---
   c.tasks = ml_collections.ConfigDict()

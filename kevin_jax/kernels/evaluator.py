@@ -33,6 +33,7 @@ log = logging.getLogger("kevin_jax.evaluator")
 @dataclasses.dataclass
 class EvaluatorConfig:
   """Evaluator settings; the fields and their meaning are configs/multiturn.py's `c.evaluator` section."""
+  backend: str = "cuda"  # Read by the RL side (cuda | scripted); the Evaluator itself is the cuda backend.
   gpus: str = ""
   workers_per_gpu: int = 1
   compile_workers: int = 0
@@ -79,7 +80,7 @@ class EvaluatorConfig:
       raise ValueError(f"timing_graphs must be auto | always | never, got {self.timing_graphs!r}")
     if self.correctness_trials < 1:
       raise ValueError("correctness_trials must be >= 1")
-    from kevin_jax.kernels.inputs import DISTRIBUTIONS  # pylint: disable=g-import-not-at-top
+    from kevin_jax.kernels.taskinfo import DISTRIBUTIONS  # pylint: disable=g-import-not-at-top
     bad = [d for d in self.input_distributions if d not in DISTRIBUTIONS]
     if bad:
       raise ValueError(f"unknown input distributions {bad} (known: {', '.join(DISTRIBUTIONS)})")

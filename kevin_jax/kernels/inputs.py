@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-DISTRIBUTIONS = ("task", "normal", "uniform", "heavy", "shifted", "shrunk")
+from kevin_jax.kernels.taskinfo import DISTRIBUTIONS  # pylint: disable=unused-import  # Re-exported.
+
 STRUCTURED_ZERO_FRACTION = 0.01
 
 

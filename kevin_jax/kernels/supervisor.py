@@ -307,14 +307,15 @@ class Pool:
     """A worker's pipe closed: report its job, replace it."""
     events = []
     job = w.job
-    was_starting = w.state == "starting"
+    prev_state = w.state
+    was_starting = prev_state == "starting"
     w.kill()
     tail = w.log_tail()
     if job is not None:
       info = f"worker {w.name} died ({w.exit_text()}) in phase '{job.phase}'"
       log.warning("%s\n--- worker log tail ---\n%s", info, tail)
       events.append(Event("crash", job, info=info + "\n" + tail[-1500:]))
-    elif w.state not in ("dying", "killed", "retiring") and not was_starting:
+    elif prev_state not in ("dying", "killed", "retiring") and not was_starting:
       log.warning("idle worker %s died (%s)", w.name, w.exit_text())
     if was_starting:
       slot.start_failures += 1

@@ -21,6 +21,10 @@ from kevin_jax.kernels import tasks
 from kevin_jax.kernels.plan import PlanEnv, TensorMeta
 
 
+# Input distributions for correctness trials (inputs.py implements them; listed here, torch-free, for configs).
+DISTRIBUTIONS = ("task", "normal", "uniform", "heavy", "shifted", "shrunk")
+
+
 class TaskError(RuntimeError):
   """The task itself is unusable (import error, no tensor outputs, ...): not the candidate's fault."""
 
