@@ -9,12 +9,23 @@ latest good checkpoint; leftovers of interrupted saves are removed when the mana
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+
+class _QuietOrbax(logging.Filter):
+  """Orbax logs a dozen INFO lines per save through absl; keep its warnings and errors only."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname.replace("\\", "/")
+
+
+logging.getLogger("absl").addFilter(_QuietOrbax())
 
 
 @dataclasses.dataclass

@@ -1,0 +1,66 @@
+"""Rollout turns -> returns, per-task advantages, and the learner's TrainBatch [P §1 steps 4-5, §2].
+
+Every turn is one training sample: its prompt (task, earlier kernels, summaries, feedback) is context only, its
+response tokens are trained with the turn's advantage. Returns are discounted over a trajectory's later turns
+and advantages normalised over all m*n turn-samples of the same task.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from kevin_jax.rl import grpo
+from kevin_jax.rl.learner import TrainBatch, pad_batch
+from kevin_jax.rl.rollout import Turn, to_matrix
+
+
+def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.ndarray, np.ndarray]:
+  """(returns, advantages), one value per turn in `turns` order.
+
+  Trajectories are grouped by task id; returns use `cfg.gamma`/`cfg.return_mode`, advantages
+  `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task.
+  """
+  scores_NxT = to_matrix(turns, lambda t: t.score)
+  trajs = sorted({t.traj for t in turns})
+  row = {tr: r for r, tr in enumerate(trajs)}
+  first = {tr: min(t.turn for t in turns if t.traj == tr) for tr in trajs}
+  returns_NxT = np.asarray(grpo.discounted_returns(scores_NxT, cfg.gamma, cfg.return_mode))
+  task_index = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in turns))}
+  traj_task = {t.traj: task_index[t.task_id] for t in turns}
+  groups_NxT = np.broadcast_to(np.array([traj_task[tr] for tr in trajs])[:, None], scores_NxT.shape)
+  adv_NxT = np.asarray(grpo.group_advantages(returns_NxT, groups_NxT, std_normalize=cfg.adv_std_normalize,
+                                             baseline=cfg.adv_baseline, eps=cfg.adv_eps,
+                                             num_groups=len(task_index)))
+  idx = [(row[t.traj], t.turn - first[t.traj]) for t in turns]
+  return (np.array([returns_NxT[i, j] for i, j in idx], np.float32),
+          np.array([adv_NxT[i, j] for i, j in idx], np.float32))
+
+
+def seq_bucket(length: int, multiple: int = 256) -> int:
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+def build_batch(turns: Sequence[Turn], advantages: np.ndarray, *, pad_id: int, rows_multiple: int,
+                seed: int, bucket: int = 256) -> TrainBatch:
+  """Packs turns into a right-padded TrainBatch; rows shuffled (seeded) so each minibatch mixes tasks/turns."""
+  lengths = [len(t.prompt_ids) + len(t.response_ids) for t in turns]
+  b, length = len(turns), seq_bucket(max(lengths), bucket)
+  tokens = np.full((b, length), pad_id, np.int32)
+  attn = np.zeros((b, length), np.int32)
+  loss = np.zeros((b, length), np.float32)
+  old = np.zeros((b, length), np.float32)
+  for r, t in enumerate(turns):
+    p, n = len(t.prompt_ids), len(t.response_ids)
+    if len(t.logprobs) != n:
+      raise ValueError(f"turn ({t.task_id}, traj {t.traj}, turn {t.turn}): {n} response tokens but "
+                       f"{len(t.logprobs)} log-probs")
+    tokens[r, :p + n] = t.prompt_ids + t.response_ids
+    attn[r, :p + n] = 1
+    loss[r, p:p + n] = 1.0
+    old[r, p:p + n] = t.logprobs
+  order = np.random.default_rng(seed).permutation(b)
+  batch = TrainBatch(tokens_BxT=tokens[order], attn_mask_BxT=attn[order], loss_mask_BxT=loss[order],
+                     old_logps_BxT=old[order], advantages_B=np.asarray(advantages, np.float32)[order])
+  return pad_batch(batch, rows_multiple)

@@ -1,0 +1,189 @@
+"""Builds what every job needs from the config: tokenizer, model config, mesh, learner, sampler, tasks, reward.
+
+Shared by train.py (RL), sft.py (warm start) and evaluate.py, so all three read the config the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+from typing import Any
+
+import jax
+from absl import logging
+from flax import nnx
+
+from kevin_jax import checkpoint as ckpt_lib
+from kevin_jax import sharding
+from kevin_jax.kernels import tasks as tasks_lib
+from kevin_jax.policy.config import ModelConfig, get_preset
+from kevin_jax.policy.sampler import Sampler, SamplerConfig
+from kevin_jax.policy.tokenizer import Tokenizer, load_tokenizer
+from kevin_jax.rl import prompts
+from kevin_jax.rl.learner import Learner, TrainState
+
+NO_GPU_HELP = (
+    "Kernel evaluation needs a CUDA GPU and none answered (checked through libcuda). Without a GPU you can run: "
+    "the tests (python -m pytest -q); compile-only checks of a candidate (python -m kevin_jax.kernels.evaluate "
+    "--task TASK.py --candidate FILE --compile-only); the learner's memory check (python -m kevin_jax.rl.memcheck "
+    "--help); or a CPU dry run of this loop with a scripted reward (--config.evaluator.backend=scripted).")
+
+
+def cuda_gpu_count() -> int:
+  """CUDA devices visible through the driver, without creating a context or importing a framework."""
+  try:
+    lib = ctypes.CDLL("libcuda.so.1")
+  except OSError:
+    return 0
+  count = ctypes.c_int(0)
+  if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    return 0
+  return count.value
+
+
+def require_gpu_for_evaluator(config) -> None:
+  if config.evaluator.backend == "cuda" and cuda_gpu_count() == 0:
+    raise SystemExit(f"error: mode={config.mode} with evaluator.backend=cuda stopped before doing anything. "
+                     + NO_GPU_HELP)
+  if config.evaluator.backend not in ("cuda", "scripted"):
+    raise SystemExit(f"error: evaluator.backend={config.evaluator.backend!r}; expected 'cuda' or 'scripted'")
+
+
+@dataclasses.dataclass
+class Policy:
+  """The policy side of a job: tokenizer, model config, mesh, learner (owns shardings/step) and sampler."""
+  tokenizer: Tokenizer
+  model_cfg: ModelConfig
+  mesh: Any
+  learner: Learner
+  sampler: Sampler
+
+  def encode_chat(self, messages) -> list[int]:
+    return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+
+
+def model_config(config, tokenizer: Tokenizer) -> ModelConfig:
+  """The policy's ModelConfig: from the HF checkpoint's config.json, else the named preset."""
+  p = config.policy
+  runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat)
+  if p.checkpoint:
+    return ModelConfig.from_hf_config(p.checkpoint, **runtime)
+  cfg = get_preset(p.preset, **runtime)
+  if p.preset in ("tiny", "small") and cfg.vocab_size != tokenizer.vocab_size:
+    cfg = cfg.replace(vocab_size=tokenizer.vocab_size)  # The embedded presets follow the bundled tokenizer.
+  if cfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"model preset {p.preset!r} has vocab {cfg.vocab_size} < tokenizer's {tokenizer.vocab_size}")
+  return cfg
+
+
+def build_policy(config) -> Policy:
+  tokenizer = load_tokenizer(config.policy.tokenizer or config.policy.checkpoint or None)
+  cfg = model_config(config, tokenizer)
+  mesh = sharding.make_mesh(config.mesh.axes)
+  learner = Learner.from_config(config, mesh, cfg)
+  sampler = Sampler(cfg, tokenizer, SamplerConfig.from_config(config.sampler), mesh=mesh,
+                    batch_axes=sharding.batch_axes(mesh))
+  logging.info("policy: %s, %.1fM parameters, mesh %s", config.policy.checkpoint or config.policy.preset,
+               cfg.num_params() / 1e6, dict(mesh.shape))
+  return Policy(tokenizer, cfg, mesh, learner, sampler)
+
+
+def is_hf_checkpoint(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, "config.json")) and any(
+      os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
+
+
+def is_orbax_run(path: str) -> bool:
+  """A run directory (with checkpoints/) or a checkpoints directory itself (with <step>/ entries)."""
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return True
+  return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
+
+
+def load_params(src: str, policy: Policy):
+  """Parameters from an HF checkpoint directory or an Orbax run directory, placed in the learner's shardings."""
+  if not os.path.isdir(src):
+    raise SystemExit(f"error: checkpoint directory {src!r} does not exist")
+  if is_hf_checkpoint(src):
+    return load_hf_params(src, policy)
+  if is_orbax_run(src):
+    return restore_params(src, policy)
+  raise SystemExit(f"error: {src!r} is neither a Hugging Face checkpoint (config.json + safetensors) nor an "
+                   "Orbax run directory (checkpoints/<step>/)")
+
+
+def initial_state(config, policy: Policy, key: jax.Array) -> TrainState:
+  """Fresh training state from config.init_from / policy.checkpoint (Orbax run or HF directory) or random init.
+
+  The optimizer state is always fresh; only parameters come from the source.
+  """
+  src = config.init_from or config.policy.checkpoint
+  if not src:
+    return policy.learner.init_state(key)
+  return policy.learner.state_from_params(load_params(src, policy))
+
+
+def load_hf_params(path: str, policy: Policy):
+  from kevin_jax.policy.weights import load_pretrained  # pylint: disable=g-import-not-at-top
+  cfg = policy.model_cfg
+  theirs = ModelConfig.from_hf_config(path, param_dtype=cfg.param_dtype, compute_dtype=cfg.compute_dtype,
+                                      remat=cfg.remat)
+  if theirs != cfg:
+    diff = {f.name: (getattr(theirs, f.name), getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+            if getattr(theirs, f.name) != getattr(cfg, f.name)}
+    raise SystemExit(f"error: checkpoint {path} does not match the policy's model (checkpoint vs policy): {diff}")
+  model = load_pretrained(path, dtype=cfg.param_dtype, shardings=policy.learner.param_shardings,
+                          compute_dtype=cfg.compute_dtype, remat=cfg.remat)
+  return nnx.state(model, nnx.Param)
+
+
+def restore_params(run_dir: str, policy: Policy):
+  """Parameters of the latest checkpoint of another run (its whole state must match this learner's layout)."""
+  directory = os.path.join(run_dir, "checkpoints") if os.path.isdir(os.path.join(run_dir, "checkpoints")) else run_dir
+  ckpt = ckpt_lib.Checkpointer(directory)
+  try:
+    restored = ckpt.restore(policy.learner.abstract_state)
+  except ValueError as e:
+    raise SystemExit(f"error: the checkpoint in {directory} does not match this model/optimizer: {e}") from e
+  finally:
+    ckpt.close()
+  logging.info("initialised parameters from %s step %d", directory, restored.step)
+  return restored.state.params
+
+
+def load_tasks(config, split: str = "train") -> tuple[list[tasks_lib.TaskSpec], dict[str, str]]:
+  """The tasks of a split ('train' | 'test' | 'all') and their source texts; clear errors on a bad source."""
+  t = config.tasks
+  try:
+    specs = tasks_lib.discover(t.source, levels=tuple(t.levels) if t.source != "bundled" else None)
+  except FileNotFoundError as e:
+    raise SystemExit(f"error: task source: {e}") from e
+  try:
+    train, test = tasks_lib.split(specs, test_fraction=t.test_fraction, seed=t.split_seed,
+                                  train_ids=t.train_ids, test_ids=t.test_ids)
+  except ValueError as e:
+    raise SystemExit(f"error: task split: {e}") from e
+  chosen = {"train": train, "test": test, "all": specs}[split]
+  if not chosen:
+    raise SystemExit(f"error: the {split} split of task source {t.source!r} is empty")
+  sources = {s.id: s.source for s in chosen}
+  return chosen, sources
+
+
+def check_prompt_budget(policy: Policy, sources: dict[str, str], max_tokens: int) -> None:
+  """Every task's bare first-turn prompt must fit the context budget and the sampler's largest bucket."""
+  limit = min(max_tokens, max(policy.sampler.cfg.prompt_buckets))
+  too_long = {tid: n for tid, src in sources.items()
+              if (n := len(policy.encode_chat(prompts.build_messages(src)))) > limit}
+  if too_long:
+    raise SystemExit(f"error: {len(too_long)} task prompts exceed the context budget of {limit} tokens "
+                     f"(rollout.max_context_tokens / sampler.prompt_buckets): {dict(list(too_long.items())[:5])}")
+
+
+def make_reward(config, task_source: str):
+  """The reward callable: the sandboxed CUDA evaluator (separate process) or the scripted test reward."""
+  from kevin_jax.rl import reward  # pylint: disable=g-import-not-at-top
+  if config.evaluator.backend == "scripted":
+    return reward.ScriptedReward()
+  return reward.EvaluatorReward(config.evaluator.to_dict(), task_source)
