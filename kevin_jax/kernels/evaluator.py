@@ -132,8 +132,9 @@ class Evaluator:
     os.makedirs(self.log_dir, exist_ok=True)
     mem = int(cfg.worker_host_memory_gb * 2**30)
     n_compile = cfg.compile_workers or min(16, os.cpu_count() or 1)
+    # Compile workers get an address-space cap (they import torch for shape analysis: at least 8 GiB).
     self._compile = Pool("compile", [worker_env(None, 1) for _ in range(n_compile)], {}, self.log_dir,
-                         as_bytes=mem, recycle_after=max(500, 20 * cfg.recycle_after),
+                         as_bytes=max(mem, 8 * 2**30) if mem else 0, recycle_after=max(500, 20 * cfg.recycle_after),
                          start_timeout_s=cfg.worker_start_timeout_s)
     if _gpu_role == "gpu":
       gpus = visible_gpus(cfg.gpus)

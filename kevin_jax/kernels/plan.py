@@ -78,7 +78,7 @@ class Plan:
 
 _TOKEN = re.compile(r"""
   (?P<ws>\s+)
- |(?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[fF]?|0[xX][0-9a-fA-F]+)
+ |(?P<num>0[xX][0-9a-fA-F]+|(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[fF]?)
  |(?P<name>[A-Za-z_]\w*(?:\.(?:[A-Za-z_]\w*|\d+))*)
  |(?P<op>//|[-+*/%(),\[\]=:])
 """, re.X)

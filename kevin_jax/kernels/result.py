@@ -86,20 +86,18 @@ _FORMAT_HINT = ("Answer with one ```cuda block (extern \"C\" __global__ kernels)
 
 
 def truncate(text: str, max_chars: int) -> str:
+  """Cuts text to at most max_chars (at a line break when one is near), marking what was dropped."""
   if len(text) <= max_chars:
     return text
-  head = text[:max_chars]
+  keep = max(0, max_chars - 48)
+  head = text[:keep]
   cut = head.rfind("\n")
-  head = head[:cut] if cut > max_chars // 2 else head
+  head = head[:cut] if cut > keep // 2 else head
   return head + f"\n... [truncated, {len(text) - len(head)} more characters]"
 
 
-def _fmt(x: float) -> str:
-  if x is None:
-    return "n/a"
-  if x == 0 or 1e-3 <= abs(x) < 1e5:
-    return f"{x:.6g}"
-  return f"{x:.3e}"
+def _fmt(x: float | None) -> str:
+  return "n/a" if x is None else f"{x:.4g}"
 
 
 def render_feedback(r: EvalResult, max_chars: int = 2000) -> str:
@@ -109,7 +107,7 @@ def render_feedback(r: EvalResult, max_chars: int = 2000) -> str:
     msg = f"Format error: {r.error}\n{_FORMAT_HINT}"
   elif r.status == "compile_error":
     log = d.get("compile_log", "") or r.error
-    msg = "Compilation failed (NVRTC):\n" + truncate(log, max(200, max_chars - 40))
+    msg = "Compilation failed (NVRTC):\n" + truncate(log, max(200, max_chars - 28))
   elif r.status == "runtime_error":
     msg = f"Runtime error: {r.error}"
   elif r.status == "timeout":

@@ -1,0 +1,100 @@
+"""The supervisor survives crashing, hanging and memory-hungry workers (CPU only: a fake GPU worker role).
+
+The fake worker (kevin_jax/kernels/fake_worker.py) acts on a `FAKE:<action>` marker in the candidate's CUDA source;
+everything else (compile pool, static checks, scheduling, deadlines, replacement, recycling) is the real code.
+"""
+
+import os
+import re
+
+import pytest
+
+from kevin_jax.kernels.evaluator import Evaluator, EvaluatorConfig
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "eval")
+TASKS = os.path.join(DATA, "tasks")
+with open(os.path.join(DATA, "candidates", "vec_add.md"), encoding="utf-8") as _f:
+  GOOD = _f.read()
+
+
+def marked(action: str, salt: str = "") -> str:
+  return GOOD.replace('extern "C"', f"// FAKE:{action} {salt}\nextern \"C\"", 1)
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+  cfg = EvaluatorConfig(compile_workers=1, run_timeout_s=3.0, task_timeout_s=5.0, recycle_after=3,
+                        worker_host_memory_gb=0.5, spare_workers=True, worker_start_timeout_s=120.0,
+                        cache_dir=str(tmp_path_factory.mktemp("evaluator")))
+  e = Evaluator(cfg, task_source=TASKS, _gpu_role="fake")
+  yield e
+  e.close()
+
+
+def test_crashes_hangs_and_errors_become_results(ev):
+  items = [("vec_add", GOOD), ("vec_add", marked("segv")), ("vec_add", marked("exit")), ("vec_add", marked("hang")),
+           ("vec_add", marked("raise")), ("vec_add", marked("fatal")), ("vec_add", marked("ok", "after")),
+           ("vec_add", marked("incorrect")), ("vec_add", "no blocks here"), ("no_such_task", GOOD)]
+  rs = ev.evaluate(items)
+  assert [r.status for r in rs] == ["correct", "runtime_error", "runtime_error", "timeout", "runtime_error",
+                                    "runtime_error", "correct", "incorrect", "format_error", "runtime_error"]
+  assert [r.score for r in rs] == pytest.approx([2.3, 0, 0, 0, 0, 0, 2.3, 0, 0, 0])
+  assert rs[1].flags == ["worker_crash"] and "killed by SIGSEGV" in rs[1].error
+  assert rs[2].flags == ["worker_crash"] and "exit code 7" in rs[2].error
+  assert rs[3].flags == ["hang"] and "no progress within 3 s in phase 'candidate'" in rs[3].error
+  assert rs[4].flags == ["evaluator_error"] and "fake failure inside the worker" in rs[4].error
+  assert rs[5].flags == ["illegal_address"]
+  assert rs[8].error == "missing ```cuda block"
+  assert rs[9].flags == ["evaluator_error"] and "unknown task id 'no_such_task'" in rs[9].error
+  assert rs[0].feedback.startswith("Correct. Your kernels took 0.5 ms vs 1 ms")
+  for key in ("static_queue", "task_analysis", "validate", "compile", "gpu_queue", "correctness", "timing", "total"):
+    assert key in rs[0].times
+  assert [p for p, _ in rs[0].details["phases"]] == ["sent", "load", "candidate", "timing", "done"]
+  # Still serving, with fresh workers.
+  (r,) = ev.evaluate([("vec_add", marked("ok", "later"))])
+  assert r.status == "correct"
+
+
+def test_memory_watchdog_kills_the_worker(ev):
+  (r,) = ev.evaluate([("vec_add", marked("alloc=1200"))])
+  assert r.status == "runtime_error" and r.flags == ["worker_crash"]
+  assert re.search(r"worker host memory \d+\.\d GiB exceeded the limit 0\.5 GiB", r.error)
+
+
+def test_reference_failure_on_a_distribution_is_retried_without_it(ev):
+  (r,) = ev.evaluate([("vec_add", marked("hang_reference"))])
+  assert r.status == "correct"
+  assert r.details["unsafe_dists"] == ["normal"]
+  (r2,) = ev.evaluate([("vec_add", marked("ok", "next"))])
+  assert r2.details["unsafe_dists"] == ["normal"]  # Remembered for the task.
+
+
+def test_workers_are_recycled(ev):
+  rs = ev.evaluate([("vec_add", marked("ok", f"r{i}")) for i in range(8)])
+  assert all(r.status == "correct" for r in rs)
+  counts = [r.details["worker_count"] for r in rs]
+  assert max(counts) <= 3  # recycle_after=3: no worker process served more than 3 evaluations.
+  assert len({r.details["worker_pid"] for r in rs}) >= 3
+
+
+def test_duplicates_are_evaluated_once(ev):
+  a, b = ev.evaluate([("vec_add", marked("ok", "dup")), ("vec_add", marked("ok", "dup"))])
+  assert a.status == b.status == "correct"
+  assert b.flags == ["deduplicated"] and a.eval_id == b.eval_id
+
+
+def test_check_static_through_the_compile_pool(ev):
+  assert ev.check_static("vec_add", GOOD).status == "compiled"
+  r = ev.check_static("vec_add", GOOD.replace("x[i] + y[i]", "x[i] + z[i]"))
+  assert r.status == "compile_error" and r.feedback.startswith("Compilation failed (NVRTC):\nkernel.cu(4): error")
+  r = ev.check_static("vec_add", GOOD.replace("args=(x, y, out, x.numel)", "args=(x, y, out)"))
+  assert r.status == "format_error" and "3 arguments given but kernel add takes 4" in r.error
+
+
+def test_a_gpu_role_that_cannot_start_gives_evaluator_errors(tmp_path):
+  cfg = EvaluatorConfig(compile_workers=1, spare_workers=False, cache_dir=str(tmp_path))
+  with Evaluator(cfg, task_source=TASKS, _gpu_role="no_such_role") as e:
+    rs = e.evaluate([("vec_add", GOOD), ("vec_add", marked("ok", "2"))])
+  assert [r.status for r in rs] == ["runtime_error", "runtime_error"]
+  assert all(r.flags == ["evaluator_error"] for r in rs)
+  assert "failed to start 3 times" in rs[0].error and "unknown worker role" in rs[0].error
