@@ -12,6 +12,8 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from kevin_jax import runtime
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A configs/*.py file, optionally with ':preset,...'.", lock_config=True)
 _WORKDIR = flags.DEFINE_string(
@@ -43,9 +45,7 @@ def main(argv):
       "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
   if config.mode not in _JOBS:
     raise app.UsageError(f"config.mode={config.mode!r}; expected one of {sorted(_JOBS)}")
-  if config.evaluator.backend == "cuda" and not config.evaluator.gpus:
-    # Evaluator workers share JAX's GPUs: cap JAX's pool before its backend starts (it reads this once).
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(config.evaluator.jax_memory_fraction))
+  runtime.place_jax_beside_evaluator(config)  # Before JAX's backend starts.
   logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
   logging.info("mode=%s workdir=%s", config.mode, workdir)
   importlib.import_module(_JOBS[config.mode]).run(config, workdir)

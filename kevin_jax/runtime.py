@@ -50,6 +50,24 @@ def require_gpu_for_evaluator(config) -> None:
     raise SystemExit(f"error: evaluator.backend={config.evaluator.backend!r}; expected 'cuda' or 'scripted'")
 
 
+def place_jax_beside_evaluator(config) -> None:
+  """Keeps JAX and the evaluator workers from fighting over GPU memory; call before JAX's backend starts.
+
+  Shared GPUs (evaluator.gpus == ''): JAX's pool is capped at evaluator.jax_memory_fraction. Dedicated GPUs
+  (evaluator.gpus = '6,7'): JAX is told not to use them.
+  """
+  if config.evaluator.backend != "cuda":
+    return
+  if not config.evaluator.gpus:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(config.evaluator.jax_memory_fraction))
+    return
+  dedicated = {int(g) for g in str(config.evaluator.gpus).split(",") if g.strip()}
+  rest = [i for i in range(cuda_gpu_count()) if i not in dedicated]
+  if not rest:
+    raise SystemExit(f"error: evaluator.gpus={config.evaluator.gpus!r} leaves no GPU for JAX")
+  jax.config.update("jax_cuda_visible_devices", ",".join(map(str, rest)))
+
+
 @dataclasses.dataclass
 class Policy:
   """The policy side of a job: tokenizer, model config, mesh, learner (owns shardings/step) and sampler."""
