@@ -64,11 +64,18 @@ def test_prefill_then_decode_equals_full_forward():
   tokens = rng.randint(0, 128, (b, t + extra))
   positions = np.broadcast_to(np.arange(t + extra), (b, t + extra))
   full, _ = model(jnp.asarray(tokens), jnp.asarray(positions))
-  cache = KVCache.zeros(cfg, b, t + extra, jnp.float32)
-  pre, cache = model(jnp.asarray(tokens[:, :t]), jnp.asarray(positions[:, :t]), None, cache)
+  # Slots are storage: prefill into slots [3, 3 + t), leave a gap, decode into the last slots.
+  length = t + extra + 6
+  cache = KVCache.zeros(cfg, b, length, jnp.float32)
+  pre, cache = model(jnp.asarray(tokens[:, :t]), jnp.asarray(positions[:, :t]), None, cache, 3)
   np.testing.assert_allclose(np.asarray(pre), np.asarray(full[:, :t]), rtol=1e-5, atol=1e-5)
-  for s in range(t, t + extra):
-    step, cache = model(jnp.asarray(tokens[:, s:s + 1]), jnp.asarray(positions[:, s:s + 1]), None, cache)
+  visible = np.zeros((b, length), bool)
+  visible[:, 3:3 + t] = True
+  for j, s in enumerate(range(t, t + extra)):
+    slot = length - extra + j
+    visible[:, slot] = True
+    step, cache = model(jnp.asarray(tokens[:, s:s + 1]), jnp.asarray(positions[:, s:s + 1]), None, cache, slot,
+                        jnp.asarray(visible))
     np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, s]), rtol=1e-5, atol=1e-5)
 
 

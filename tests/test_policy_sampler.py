@@ -98,8 +98,13 @@ def test_compiled_once_per_bucket_and_weights_are_arguments(hf_ckpt, prompts):
   nnx.update(model, scaled)
   ref, _ = _fresh_logps(model, prompts[0], greedy_new.tokens[0])
   np.testing.assert_allclose(greedy_new.logprobs[0], ref, atol=1e-4, rtol=0)
-  sampler.generate(model, prompts, seed=1, temperature=1.0, max_new_tokens=9, top_p=0.9)  # new bucket
-  assert sampler_lib.TRACE_COUNT["generate"] == count + 1
+  sampler.generate(model, prompts, seed=1, temperature=1.0, max_new_tokens=9, top_p=0.9)  # new key
+  assert sampler_lib.TRACE_COUNT["generate"] == count + 2  # its prefill and decode functions
+  # warmup compiles a key ahead of time; the call afterwards reuses it.
+  sampler.warmup(model, 12, max_new_tokens=10, temperature=0.0)
+  count = sampler_lib.TRACE_COUNT["generate"]
+  sampler.generate(model, prompts, seed=1, temperature=0.0, max_new_tokens=10)
+  assert sampler_lib.TRACE_COUNT["generate"] == count
 
 
 def test_deterministic_per_seed_and_independent_of_chunking(hf_ckpt, prompts):

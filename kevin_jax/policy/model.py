@@ -20,10 +20,15 @@ Masks and padding: attn_mask_BxT is 1 for real tokens and 0 for padding, with pa
 attends to key j iff position_j <= position_i and attn_mask_j == 1 (causal over positions, so positions must
 increase along T for real tokens). Outputs at padded positions are finite but meaningless.
 
-KV cache (`KVCache`): per layer k and v of shape [B, S, K, H] in `cache.dtype` (bf16 by default). A token with
-position p is stored in slot p (right padding makes slot == position for every row). A call with T > 1 and
-a cache is a prefill from an empty cache: it writes slots positions_BxT and attends within the call. A call
-with T == 1 is a decode step: it writes slot positions_Bx1 and attends to every cache slot <= its position.
+KV cache (`KVCache`): per layer k and v of shape [B, K, S, H] in `cache.dtype` (bf16 by default; this layout
+makes decode attention a plain batched matmul over (B, K) with no transposes of the cache). Slots are storage,
+not positions: keys are rotated by their true positions before they are stored, so a row's tokens may sit
+anywhere. A call with a cache writes its T tokens to slots [cache_slot, cache_slot + T) of every row (one
+dynamic_update_slice: in place, no scatter). With T > 1 it is a prefill into an empty cache and attends within
+the call (causal + attn_mask_BxT). With T == 1 it is a decode step and attends to the slots where
+cache_mask_BxS is true (which must include the slot just written). The sampler prefills a right-padded prompt
+bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
+padding slots [length, P).
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -63,19 +68,19 @@ _INIT_STD = 0.02  # HF initializer_range for Qwen2.
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-  """Per-layer key/value buffers: k[i], v[i] of shape [B, S, K, H]."""
+  """Per-layer key/value buffers: k[i], v[i] of shape [B, K, S, H]."""
   k: list[Array]
   v: list[Array]
 
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.bfloat16) -> "KVCache":
-    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
     return cls(k=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
                v=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
 
   @property
   def length(self) -> int:
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
 
 def _param(rngs: nnx.Rngs | None, shape: tuple[int, ...], names: tuple[str, ...], dtype, init: str) -> nnx.Param:
@@ -133,6 +138,18 @@ def _attend(q_BxTxKxGxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array, allowed_BxTx
   return jnp.einsum("bkgts,bskh->btkgh", p_BxKxGxTxS, v_BxSxKxH.astype(q_BxTxKxGxH.dtype))
 
 
+def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed_BxS: Array, upcast: bool) -> Array:
+  """One query token per row against the allowed cache slots; returns [B, K, G, H]."""
+  scale = q_BxKxGxH.shape[-1] ** -0.5
+  sdtype = jnp.float32 if upcast else q_BxKxGxH.dtype
+  dt = k_BxKxSxH.dtype  # matmuls in the cache dtype: no conversion pass over the cache
+  s_BxKxGxS = jnp.einsum("bkgh,bksh->bkgs", q_BxKxGxH.astype(dt), k_BxKxSxH, preferred_element_type=sdtype) * scale
+  s_BxKxGxS = jnp.where(allowed_BxS[:, None, None, :], s_BxKxGxS, jnp.finfo(sdtype).min)
+  p_BxKxGxS = jax.nn.softmax(s_BxKxGxS, axis=-1).astype(dt)
+  o_BxKxGxH = jnp.einsum("bkgs,bksh->bkgh", p_BxKxGxS, v_BxKxSxH, preferred_element_type=sdtype)
+  return o_BxKxGxH.astype(q_BxKxGxH.dtype)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -146,7 +163,8 @@ class Attention(nnx.Module):
     self.v_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
 
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
-               cache_kv: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array] | None]:
+               cache_kv: tuple[Array, Array, Array, Array | None] | None
+               ) -> tuple[Array, tuple[Array, Array] | None]:
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
@@ -161,17 +179,18 @@ class Attention(nnx.Module):
 
     new_kv = None
     if cache_kv is not None:
-      ck_BxSxKxH, cv_BxSxKxH = cache_kv
-      rows_Bx1 = jnp.arange(b)[:, None]
-      ck_BxSxKxH = ck_BxSxKxH.at[rows_Bx1, positions_BxT].set(k_BxTxKxH.astype(ck_BxSxKxH.dtype), mode="drop")
-      cv_BxSxKxH = cv_BxSxKxH.at[rows_Bx1, positions_BxT].set(v_BxTxKxH.astype(cv_BxSxKxH.dtype), mode="drop")
-      new_kv = (ck_BxSxKxH, cv_BxSxKxH)
+      ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
+      start = (0, 0, slot, 0)
+      ck_BxKxSxH = jax.lax.dynamic_update_slice(
+          ck_BxKxSxH, k_BxTxKxH.transpose(0, 2, 1, 3).astype(ck_BxKxSxH.dtype), start)
+      cv_BxKxSxH = jax.lax.dynamic_update_slice(
+          cv_BxKxSxH, v_BxTxKxH.transpose(0, 2, 1, 3).astype(cv_BxKxSxH.dtype), start)
+      new_kv = (ck_BxKxSxH, cv_BxKxSxH)
 
     if cache_kv is not None and t == 1:
-      # Decode: attend to every filled slot up to this token's position (slot == position).
-      slots_S = jnp.arange(new_kv[0].shape[1])
-      allowed_BxTxS = slots_S[None, None, :] <= positions_BxT[:, :, None]
-      o_BxTxKxGxH = _attend(q_BxTxKxGxH, new_kv[0], new_kv[1], allowed_BxTxS, cfg.fp32_upcast)
+      if cache_mask_BxS is None:
+        raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
+      o_BxTxKxGxH = _decode_attend(q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS, cfg.fp32_upcast)[:, None]
     else:
       o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
     o_BxTxNxH = o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -283,20 +302,25 @@ class Qwen2(nnx.Module):
     return jnp.einsum("btd,dv->btv", h, self.lm_head.kernel[...].astype(dt), preferred_element_type=out)
 
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None = None,
-               cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
+               cache: KVCache | None = None, cache_slot: Array | int = 0,
+               cache_mask_BxS: Array | None = None) -> tuple[Array, KVCache | None]:
     """Logits [B, T, V] and the updated cache (None without a cache). See the module docstring."""
     if cache is None:
       return self.logits(self.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)), None
-    h_BxTxD, cache = self.hidden_with_cache(tokens_BxT, positions_BxT, attn_mask_BxT, cache)
+    h_BxTxD, cache = self.hidden_with_cache(tokens_BxT, positions_BxT, attn_mask_BxT, cache, cache_slot,
+                                            cache_mask_BxS)
     return self.logits(h_BxTxD), cache
 
   def hidden_with_cache(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
-                        cache: KVCache) -> tuple[Array, KVCache]:
+                        cache: KVCache, cache_slot: Array | int = 0,
+                        cache_mask_BxS: Array | None = None) -> tuple[Array, KVCache]:
     """Final-normed hidden states [B, T, D] and the updated cache (prefill if T > 1, else one decode step)."""
     h_BxTxD = self._embed(tokens_BxT)
     new_k, new_v = [], []
+    slot = jnp.asarray(cache_slot, jnp.int32)
     for i, layer in enumerate(self.layers):
-      h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i]))
+      h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot,
+                                                                       cache_mask_BxS))
       new_k.append(k)
       new_v.append(v)
     return self.final_norm(h_BxTxD), KVCache(k=new_k, v=new_v)

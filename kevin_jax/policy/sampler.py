@@ -6,16 +6,18 @@
   out.tokens[i], out.text[i], out.logprobs[i], out.finish_reason[i]    # per prompt, in input order
 
 How it runs. Prompts are split into chunks of `batch_size`, right-padded to the smallest prompt bucket that
-fits (`prompt_buckets`), and each chunk is one call of a jitted function that prefills a [B, P + max_new_tokens]
-KV cache (`kv_cache_dtype`, bf16 by default), samples the first token from the last real prompt position, then
-decodes in a `lax.while_loop` on device (no host round trip per token; the cache lives inside the call and is
-updated in place) until every row has finished or `max_new_tokens` tokens exist. The compiled function is keyed
-on (batch, prompt bucket, max_new_tokens, top_k, greedy / top-p on-off, number of stop sequences): calls with the
-same key reuse it, whatever the prompts, seed, temperature, top_p value or weights. The parameters are jit
-ARGUMENTS (never baked-in constants), so the RL loop can update them between calls without recompiling, and
-they may be sharded on a mesh (jit follows their shardings; pass `mesh` + `batch_axes` to also shard the batch).
-A chunk with fewer prompts than `batch_size` is padded with inactive rows (a lone small call uses the next power
-of two instead, to save compute).
+fits (`prompt_buckets`), and each chunk makes two jitted calls: `_prefill` fills a [B, K, P + max_new_tokens, H]
+KV cache per layer (`kv_cache_dtype`, bf16 by default) and samples the first token from the last real prompt
+position; `_decode` takes that state (donated, so the cache is updated in place and never copied) and decodes
+in a `lax.while_loop` on device (no host round trip per token) until every row has finished or
+`max_new_tokens` tokens exist. Both are compiled once per key (batch, prompt bucket, max_new_tokens, top_k,
+greedy / top-p on-off, number of stop sequences, cache dtype): calls with the same key reuse them, whatever the
+prompts, seed, temperature, top_p value or weights. The parameters are jit ARGUMENTS (never baked-in
+constants), so the RL loop can update them between calls without recompiling, and they may be sharded on a
+mesh (jit follows their shardings; pass `mesh` + `batch_axes` to also shard the batch). A chunk with fewer
+prompts than `batch_size` is padded with inactive rows (a call with fewer prompts than `batch_size` in total
+uses the next power of two instead, to save compute). `Sampler.warmup` compiles a key ahead of time.
+`Sampler.last_stats` holds the last call's decode steps and prefill / decode wall times.
 
 Sampling. temperature == 0 is greedy (argmax of the raw logits). Otherwise logits / temperature, then top-k
 (k > 0 keeps the k largest), then top-p (smallest set of largest-probability tokens whose mass reaches top_p;
@@ -42,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from typing import Any, Sequence
 
 import jax
@@ -57,7 +60,7 @@ Array = jax.Array
 STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are matched on the host only)
 _FINISH = ("length", "eos", "stop")
 _NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
-TRACE_COUNT = {"generate": 0}  # incremented when _generate_chunk is traced (tests assert no recompilation)
+TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode is traced (tests assert no recompilation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,81 +141,100 @@ def _fold_keys(keys_Bx2: Array, step: Array) -> Array:
   return jax.vmap(lambda k: jax.random.fold_in(k, step))(keys_Bx2)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p",
-                                             "valid_vocab", "cache_dtype", "batch_sharding"))
-def _generate_chunk(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temperature, top_p, eos_Q,
-                    stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype,
-                    batch_sharding):
-  """Prefill + decode loop for one chunk. Returns a dict of [B, max_new_tokens] / [B] arrays."""
+_STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "valid_vocab", "cache_dtype",
+           "batch_sharding")
+
+
+def _finish(tok_B, window_BxL, count_B, done_B, reason_B, eos_Q, stop_seqs_ExL):
+  """Slides the last-L-token window and updates done flags / finish codes after emitting tok_B."""
+  window_BxL = jnp.concatenate([window_BxL[:, 1:], tok_B[:, None]], axis=1)
+  is_eos_B = jnp.any(tok_B[:, None] == eos_Q[None, :], axis=1)
+  if stop_seqs_ExL.shape[0]:
+    seq_len_E = jnp.sum(stop_seqs_ExL >= 0, axis=1)
+    match_BxE = jnp.all((window_BxL[:, None, :] == stop_seqs_ExL[None]) | (stop_seqs_ExL[None] < 0), axis=2)
+    match_BxE &= (count_B[:, None] >= seq_len_E[None, :]) & (seq_len_E[None, :] > 0)
+    is_stop_B = jnp.any(match_BxE, axis=1)
+  else:
+    is_stop_B = jnp.zeros_like(is_eos_B)
+  new_reason_B = jnp.where(is_eos_B, 1, jnp.where(is_stop_B, 2, 0))
+  reason_B = jnp.where(done_B, reason_B, new_reason_B)
+  return window_BxL, done_B | is_eos_B | is_stop_B, reason_B
+
+
+def _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab):
+  return functools.partial(sample_logits, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                           use_top_p=use_top_p, valid_vocab=valid_vocab)
+
+
+def _constrain(x, batch_sharding):
+  if batch_sharding is None:
+    return x
+  mesh, axes = batch_sharding
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(axes, *([None] * (x.ndim - 1)))))
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temperature, top_p, eos_Q,
+             stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype, batch_sharding):
+  """Fills slots [0, P) of a [B, K, P + max_new_tokens, H] cache and samples token 0. Returns the loop carry."""
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
-  cfg = model.cfg
   b, p = prompts_BxP.shape
   n = max_new_tokens
-  sample = functools.partial(sample_logits, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                             use_top_p=use_top_p, valid_vocab=valid_vocab)
-
-  def constrain(x):
-    if batch_sharding is None:
-      return x
-    spec = P(batch_sharding[1], *([None] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(batch_sharding[0], spec))
-
-  cache = KVCache.zeros(cfg, b, p + n, jnp.dtype(cache_dtype))
-  cache = jax.tree.map(constrain, cache)
+  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab)
+  cache = KVCache.zeros(model.cfg, b, p + n, jnp.dtype(cache_dtype))
+  cache = jax.tree.map(lambda x: _constrain(x, batch_sharding), cache)
   positions_BxP = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
   mask_BxP = positions_BxP < lengths_B[:, None]
-  h_BxPxD, cache = model.hidden_with_cache(prompts_BxP, positions_BxP, mask_BxP, cache)
+  h_BxPxD, cache = model.hidden_with_cache(prompts_BxP, positions_BxP, mask_BxP, cache, 0)
   last_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None], axis=1)
   tok_B, raw_B, samp_B = sample(model.logits(last_Bx1xD)[:, 0], _fold_keys(keys_Bx2, 0))
-
-  e, l = stop_seqs_ExL.shape
-
-  def finish(tok_B, window_BxL, count_B, done_B, reason_B):
-    """Updates the last-L-token window and the done flags after emitting tok_B."""
-    window_BxL = jnp.concatenate([window_BxL[:, 1:], tok_B[:, None]], axis=1)
-    is_eos_B = jnp.any(tok_B[:, None] == eos_Q[None, :], axis=1)
-    if e:
-      seq_len_E = jnp.sum(stop_seqs_ExL >= 0, axis=1)
-      match_BxE = jnp.all((window_BxL[:, None, :] == stop_seqs_ExL[None]) | (stop_seqs_ExL[None] < 0), axis=2)
-      match_BxE &= (count_B[:, None] >= seq_len_E[None, :]) & (seq_len_E[None, :] > 0)
-      is_stop_B = jnp.any(match_BxE, axis=1)
-    else:
-      is_stop_B = jnp.zeros_like(is_eos_B)
-    new_reason_B = jnp.where(is_eos_B, 1, jnp.where(is_stop_B, 2, 0))
-    reason_B = jnp.where(done_B, reason_B, new_reason_B)
-    return window_BxL, done_B | is_eos_B | is_stop_B, reason_B
-
-  tokens_BxN = jnp.zeros((b, n), jnp.int32).at[:, 0].set(tok_B)
-  raw_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(raw_B)
-  samp_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(samp_B)
   count_B = jnp.ones((b,), jnp.int32)  # tokens emitted per row (including the one that finished it)
-  window_BxL, done_B, reason_B = finish(tok_B, jnp.full((b, l), -1, jnp.int32), count_B, ~active_B,
-                                        jnp.zeros((b,), jnp.int32))
+  window_BxL, done_B, reason_B = _finish(tok_B, jnp.full((b, stop_seqs_ExL.shape[1]), -1, jnp.int32), count_B,
+                                         ~active_B, jnp.zeros((b,), jnp.int32), eos_Q, stop_seqs_ExL)
+  return dict(i=jnp.int32(1), cache=cache, last=tok_B, count=count_B, done=done_B, reason=reason_B,
+              window=window_BxL, tokens=jnp.zeros((b, n), jnp.int32).at[:, 0].set(tok_B),
+              logprobs=jnp.zeros((b, n), jnp.float32).at[:, 0].set(raw_B),
+              sampling_logprobs=jnp.zeros((b, n), jnp.float32).at[:, 0].set(samp_B))
 
-  def cond(carry):
-    i, _, _, _, _, _, done_B, _, _, _ = carry
-    return (i < n) & ~jnp.all(done_B)
 
-  def body(carry):
-    i, cache, tokens_BxN, raw_BxN, samp_BxN, count_B, done_B, reason_B, window_BxL, last_B = carry
-    pos_Bx1 = (lengths_B + i - 1)[:, None]
-    h_Bx1xD, cache = model.hidden_with_cache(last_B[:, None], pos_Bx1, None, cache)
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("carry",))
+def _decode(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos_Q, stop_seqs_ExL, *,
+            max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype, batch_sharding):
+  """The decode loop (lax.while_loop on device) until every row is done or max_new_tokens tokens exist.
+
+  `carry` (cache and output buffers) is donated: the cache is updated in place, never copied.
+  """
+  del cache_dtype, batch_sharding
+  TRACE_COUNT["generate"] += 1
+  model: Qwen2 = nnx.merge(graphdef, state)
+  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab)
+
+  def cond(c):
+    return (c["i"] < max_new_tokens) & ~jnp.all(c["done"])
+
+  p = carry["cache"].length - max_new_tokens  # the prompt bucket
+  slots_S = jnp.arange(p + max_new_tokens)
+
+  def body(c):
+    i = c["i"]
+    pos_Bx1 = (lengths_B + i - 1)[:, None]  # token i-1 has position len + i - 1 and goes to slot P + i - 1
+    # Visible: the row's real prompt slots and the generated slots up to and including this one.
+    mask_BxS = (slots_S[None, :] < lengths_B[:, None]) | ((slots_S[None, :] >= p) & (slots_S[None, :] < p + i))
+    h_Bx1xD, cache = model.hidden_with_cache(c["last"][:, None], pos_Bx1, None, c["cache"], p + i - 1, mask_BxS)
     tok_B, raw_B, samp_B = sample(model.logits(h_Bx1xD)[:, 0], _fold_keys(keys_Bx2, i))
-    live_B = ~done_B
+    live_B = ~c["done"]
     tok_B = jnp.where(live_B, tok_B, 0)
-    tokens_BxN = jax.lax.dynamic_update_slice(tokens_BxN, tok_B[:, None], (0, i))
-    raw_BxN = jax.lax.dynamic_update_slice(raw_BxN, jnp.where(live_B, raw_B, 0.0)[:, None], (0, i))
-    samp_BxN = jax.lax.dynamic_update_slice(samp_BxN, jnp.where(live_B, samp_B, 0.0)[:, None], (0, i))
-    count_B = count_B + live_B.astype(jnp.int32)
-    window_BxL, done_B, reason_B = finish(tok_B, window_BxL, count_B, done_B, reason_B)
-    return i + 1, cache, tokens_BxN, raw_BxN, samp_BxN, count_B, done_B, reason_B, window_BxL, tok_B
+    put = lambda buf, x_B: jax.lax.dynamic_update_slice(buf, x_B[:, None], (0, i))
+    count_B = c["count"] + live_B.astype(jnp.int32)
+    window_BxL, done_B, reason_B = _finish(tok_B, c["window"], count_B, c["done"], c["reason"], eos_Q,
+                                           stop_seqs_ExL)
+    return dict(i=i + 1, cache=cache, last=tok_B, count=count_B, done=done_B, reason=reason_B, window=window_BxL,
+                tokens=put(c["tokens"], tok_B), logprobs=put(c["logprobs"], jnp.where(live_B, raw_B, 0.0)),
+                sampling_logprobs=put(c["sampling_logprobs"], jnp.where(live_B, samp_B, 0.0)))
 
-  carry = (jnp.int32(1), cache, tokens_BxN, raw_BxN, samp_BxN, count_B, done_B, reason_B, window_BxL, tok_B)
-  carry = jax.lax.while_loop(cond, body, carry)
-  _, _, tokens_BxN, raw_BxN, samp_BxN, count_B, _, reason_B, _, _ = carry
-  return dict(tokens=tokens_BxN, logprobs=raw_BxN, sampling_logprobs=samp_BxN, lengths=count_B, reason=reason_B,
-              steps=carry[0])
+  # The whole final carry is returned so every donated input buffer aliases an output (no copy into the loop).
+  return jax.lax.while_loop(cond, body, carry)
 
 
 class Sampler:
@@ -267,6 +289,39 @@ class Sampler:
       out[j, STOP_SEQ_LEN - len(ids):] = ids
     return out
 
+  def warmup(self, params: Qwen2 | nnx.State, prompt_len: int, *, max_new_tokens: int | None = None,
+             temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+             num_stop_strings: int = 0, batch: int | None = None) -> float:
+    """Compiles (prefill + decode) for one key without decoding: all rows inactive, so the loop exits at once.
+
+    Returns the seconds taken (mostly compilation; ~0 when the key is already compiled).
+    """
+    c = self.cfg
+    max_new = int(c.max_new_tokens if max_new_tokens is None else max_new_tokens)
+    temperature = float(c.temperature if temperature is None else temperature)
+    top_p = float(c.top_p if top_p is None else top_p)
+    top_k = int(c.top_k if top_k is None else top_k)
+    batch = batch or c.batch_size
+    bucket = self._bucket(prompt_len)
+    graphdef, state = self._split(params)
+    e = 0 if not num_stop_strings else 4 * math.ceil(num_stop_strings / 4)
+    stop_seqs = np.full((e, STOP_SEQ_LEN), -1, np.int32)
+    args = [np.zeros((batch, bucket), np.int32), np.ones((batch,), np.int32), np.zeros((batch,), bool),
+            np.zeros((batch, 2), np.uint32)]
+    if self.mesh is not None:
+      args = [jax.device_put(a, NamedSharding(self.mesh, P(self.batch_axes, *([None] * (a.ndim - 1)))))
+              for a in args]
+    valid_vocab = min(self.model_cfg.vocab_size, self.tokenizer.vocab_size) if self.tokenizer is not None else (
+        self.model_cfg.vocab_size)
+    statics = dict(max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0, use_top_p=top_p < 1.0,
+                   valid_vocab=valid_vocab, cache_dtype=c.kv_cache_dtype,
+                   batch_sharding=None if self.mesh is None else (self.mesh, self.batch_axes))
+    t0 = time.perf_counter()
+    temp, tp, eos_q = jnp.float32(1.0), jnp.float32(top_p), np.asarray([-1], np.int32)
+    carry = _prefill(graphdef, state, *args, temp, tp, eos_q, stop_seqs, **statics)
+    jax.block_until_ready(_decode(graphdef, state, carry, args[1], args[3], temp, tp, eos_q, stop_seqs, **statics))
+    return time.perf_counter() - t0
+
   # -- the call ----------------------------------------------------------------------------------------------
   def generate(self, params: Qwen2 | nnx.State, prompts: Sequence[Sequence[int]], *, seed: int,
                max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
@@ -316,7 +371,7 @@ class Sampler:
     batch_sharding = None if self.mesh is None else (self.mesh, self.batch_axes)
 
     outs = []
-    steps = 0
+    steps, prefill_s, decode_s = 0, 0.0, 0.0
     for start in range(0, len(prompts), batch):
       chunk = prompts[start:start + batch]
       bucket = self._bucket(max(len(p) for p in chunk))
@@ -332,17 +387,28 @@ class Sampler:
       if self.mesh is not None:
         sh = lambda x: NamedSharding(self.mesh, P(self.batch_axes, *([None] * (x.ndim - 1))))
         args = [jax.device_put(a, sh(a)) for a in args]
-      res = _generate_chunk(graphdef, state, *args, jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p),
-                            eos_q, stop_seqs, max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0,
-                            use_top_p=top_p < 1.0, valid_vocab=valid_vocab, cache_dtype=c.kv_cache_dtype,
-                            batch_sharding=batch_sharding)
-      res = jax.device_get(res)
-      steps += int(res["steps"])
+      statics = dict(max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0, use_top_p=top_p < 1.0,
+                     valid_vocab=valid_vocab, cache_dtype=c.kv_cache_dtype, batch_sharding=batch_sharding)
+      temp, tp = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
+      toks, lengths, active, keys = args
+      t0 = time.perf_counter()
+      carry = _prefill(graphdef, state, toks, lengths, active, keys, temp, tp, eos_q, stop_seqs, **statics)
+      jax.block_until_ready(carry)
+      t1 = time.perf_counter()
+      final = _decode(graphdef, state, carry, lengths, keys, temp, tp, eos_q, stop_seqs, **statics)
+      res = jax.device_get({k: final[k] for k in ("tokens", "logprobs", "sampling_logprobs", "count", "reason",
+                                                  "i")})
+      del final, carry
+      t2 = time.perf_counter()
+      prefill_s += t1 - t0
+      decode_s += t2 - t1
+      steps += int(res["i"]) - 1
       for r in range(len(chunk)):
-        n = int(res["lengths"][r])
+        n = int(res["count"][r])
         outs.append((res["tokens"][r, :n].tolist(), res["logprobs"][r, :n], res["sampling_logprobs"][r, :n],
                      _FINISH[int(res["reason"][r])]))
-    self.last_stats = {"decode_steps": steps, "batch": batch}
+    # decode_steps: loop iterations (each one forward of `batch` rows); times include compilation on a first call.
+    self.last_stats = {"decode_steps": steps, "batch": batch, "prefill_s": prefill_s, "decode_s": decode_s}
     return self._finalize(prompts, outs, stop_strings, set(int(i) for i in eos_ids))
 
   def _finalize(self, prompts, outs, stop_strings, eos_set) -> SamplerOutput:
