@@ -283,6 +283,14 @@ class Evaluator:
           return True
         self._submit_gpu(w)
         return False
+      failed = r.get("details", {}).get("reference_failed_dist")
+      if failed and failed != "task" and w.retries < 2:
+        self._unsafe.setdefault(w.task_id, set()).add(failed)
+        log.warning("task %s: the reference failed on '%s' inputs (%s); skipping that distribution for this task",
+                    w.task_id, failed, r.get("error"))
+        w.retries += 1
+        self._submit_gpu(w)
+        return False
       w.times.update(r.get("times", {}))
       details = dict(w.static.get("details", {}))
       details.update(r.get("details", {}))

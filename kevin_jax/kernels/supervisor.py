@@ -298,8 +298,13 @@ class Pool:
         w.state = "ready"
         events.append(Event("result", job, result=msg[2]))
         if msg[2].get("fatal"):
-          w.state = "dying"  # It exits by itself; EOF arrives next.
-        elif slot is not None and self.recycle_after and w.jobs_done >= self.recycle_after:
+          # Sticky CUDA error or a kernel still running: the worker exits by itself; make sure of it now.
+          w.state = "dying"
+          if slot is not None:
+            return events + self._on_death(slot, w)
+          w.kill()
+          return events
+        if slot is not None and self.recycle_after and w.jobs_done >= self.recycle_after:
           self._replace(slot, retire=True)
     return events
 

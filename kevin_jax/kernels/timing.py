@@ -166,7 +166,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
   return out
 
 
-def _per_launch_ms(su: _Setup) -> list:
+def _per_launch_ms(su: _Setup, deadline_s: float) -> list:
   """One extra flushed run with events between launches (feedback on where the time goes)."""
   stream = su.w.stream
   su.set_inputs(0)
@@ -178,7 +178,7 @@ def _per_launch_ms(su: _Setup) -> list:
   for k, bl in enumerate(su.bound.launches):
     su.mod.launch(bl, su.ptrs[0], stream.cuda_stream)
     evs[k + 1].record(stream)
-  evs[-1].synchronize()
+  wait(stream, time.monotonic() + deadline_s, "per-launch timing run")
   return [(bl.kernel, evs[k].elapsed_time(evs[k + 1])) for k, bl in enumerate(su.bound.launches)]
 
 
@@ -228,5 +228,5 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
   if ok:
     res["status"] = "correct"
     if len(bound.launches) > 1 and su.cand_graphs is None:
-      res["details"]["kernel_ms"] = _per_launch_ms(su)
+      res["details"]["kernel_ms"] = _per_launch_ms(su, deadline_s)
   res["details"]["timing"] = info

@@ -79,6 +79,14 @@ class TaskState:
     return buf
 
 
+class ReferenceFailed(Exception):
+  """The reference raised on one input distribution (the task's problem, not the candidate's)."""
+
+  def __init__(self, dist: str, exc: BaseException):
+    super().__init__(f"the reference failed on '{dist}' inputs: {type(exc).__name__}: {str(exc)[:300]}")
+    self.dist = dist
+
+
 class GpuWorker:
   """Evaluates candidates on GPU 0 of this process (CUDA_VISIBLE_DEVICES is set by the supervisor)."""
 
@@ -177,9 +185,11 @@ class GpuWorker:
       res["flags"].append(KIND_FLAGS.get(e.kind, e.kind))
       res["fatal"] = res["fatal"] or e.fatal
       _final(res, status, e.message)
-    except TaskError as e:
+    except (TaskError, ReferenceFailed) as e:
       res["flags"].append("evaluator_error")
       _final(res, "runtime_error", f"evaluator error: {e}")
+      if isinstance(e, ReferenceFailed):
+        res["details"]["reference_failed_dist"] = e.dist
       res["fatal"] = not _context_ok()
     except Exception as e:  # pylint: disable=broad-except
       kind, msg = classify(e, at_launch=False)
@@ -313,8 +323,13 @@ class GpuWorker:
     for trial, dist in enumerate(dists, 1):
       seed = self.secret.getrandbits(62)
       report(f"reference:{dist}")
-      inputs = I.draw(state.module, dist, seed, self.device)
-      ref_host, finite = self.reference(state, inputs)
+      try:
+        inputs = I.draw(state.module, dist, seed, self.device)
+        ref_host, finite = self.reference(state, inputs)
+      except TaskError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        raise ReferenceFailed(dist, e) from e
       if not finite and dist != "task":
         dist = f"task (fallback from {dist})"
         inputs = I.draw(state.module, "task", seed, self.device)

@@ -1,0 +1,145 @@
+"""Guard bands, poison, sealing, comparison and input draws, exercised on CPU tensors (buffers.py, inputs.py).
+
+The GPU worker runs the same code on CUDA tensors; these tests pin down its logic without a GPU.
+"""
+
+import os
+
+import pytest
+import torch
+
+from kevin_jax.kernels import buffers as B
+from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels import tasks
+
+CPU = torch.device("cpu")
+TASKS = os.path.join(os.path.dirname(__file__), "data", "eval", "tasks")
+
+
+def bufset(seed=0):
+  g = torch.Generator(device=CPU)
+  g.manual_seed(seed)
+  return B.BufferSet(CPU, g)
+
+
+def test_guard_bands_catch_writes_just_outside():
+  bs = bufset()
+  a = bs.alloc("a", (3, 5), torch.float32)
+  bs.alloc("b", (7,), torch.float16)
+  assert a.tensor.shape == (3, 5) and a.nbytes == 60 and a.ptr == a.tensor.data_ptr()
+  assert a.tensor.data_ptr() % 256 == a.raw.data_ptr() % 256  # Data starts GUARD_BYTES (a multiple of 256) in.
+  assert bs.guard_violations() == []
+  a.tensor.fill_(1.0)  # In-bounds writes are fine.
+  assert bs.guard_violations() == []
+  a.raw[B.GUARD_BYTES + 60:B.GUARD_BYTES + 68].fill_(0x11)  # Two floats past the end.
+  a.raw[B.GUARD_BYTES - 4] ^= 0xFF  # One byte before the start.
+  assert bs.guard_violations() == [("a", "before", 1), ("a", "after", 8)]
+
+
+def test_poison_values_and_unwritten_count():
+  bs = bufset()
+  f = bs.alloc("f", (10,), torch.float32)
+  h = bs.alloc("h", (10,), torch.float16)
+  i = bs.alloc("i", (10,), torch.int64)
+  bs.fill(["f", "h", "i"], B.POISON_NAN)
+  assert torch.isnan(f.tensor).all() and torch.isnan(h.tensor).all() and (i.tensor == -1).all()
+  bs.fill(["f", "h"], B.POISON_FINITE)
+  assert torch.isfinite(f.tensor).all() and torch.isfinite(h.tensor).all()
+  assert f.tensor[0].item() == pytest.approx(1.5365e16, rel=1e-3) and h.tensor[0].item() == 203.25
+  f.tensor[:7] = 1.0
+  assert B.poison_value_count(f.tensor, B.POISON_FINITE) == 3
+  assert B.poison_value_count(h.tensor, B.POISON_FINITE) == 10
+  assert bs.guard_violations() == []
+
+
+def test_seal_is_an_involution_and_hides_the_data():
+  x = torch.arange(1000, dtype=torch.float32)
+  y = x.clone()
+  B.seal(y, 1234)
+  assert not torch.equal(x, y)
+  assert (B.bytes_of(y) == B.bytes_of(x)).float().mean() < 0.05
+  B.seal(y, 1234)
+  assert torch.equal(x, y)
+
+
+def test_compare_floats():
+  ref = torch.tensor([1.0, -2.0, 100.0, 0.0, float("nan")])
+  assert B.compare(ref.clone(), ref, 1e-4, 1e-4) is None  # NaN where the reference is NaN passes.
+  out = ref.clone()
+  out[2] = 100.0 + 0.0102  # Tolerance here is atol + rtol * 100 = 0.0101.
+  out[3] = 5e-5  # Inside atol.
+  m = B.compare(out, ref, 1e-4, 1e-4)
+  assert m["bad"] == 1 and m["first_index"] == [2] and m["expected"] == 100.0
+  assert m["max_abs_err"] == pytest.approx(0.0102, rel=1e-3) and m["nonfinite"] == 0
+  out = ref.clone()
+  out[1] = float("nan")
+  out[0] = float("inf")
+  m = B.compare(out.reshape(5, 1), ref.reshape(5, 1), 1e-4, 1e-4)
+  assert m["bad"] == 2 and m["nonfinite"] == 2 and m["first_index"] == [0, 0] and m["got"] == float("inf")
+
+
+def test_compare_integers_shapes_and_half():
+  ref = torch.tensor([[1, 2], [3, 4]])
+  assert B.compare(ref.clone(), ref, 1e-4, 1e-4) is None
+  out = ref.clone()
+  out[1, 0] = 7
+  m = B.compare(out, ref, 1.0, 1.0)  # Integers are exact whatever the tolerance.
+  assert m["bad"] == 1 and m["first_index"] == [1, 0] and m["got"] == 7 and m["expected"] == 3
+  assert B.compare(torch.zeros(3), torch.zeros(4), 1, 1)["shape_mismatch"] == [[3], [4]]
+  r = torch.tensor([1.0, 2.0], dtype=torch.float16)
+  assert B.compare(r + 0.005, r, *B.tolerance_for(r.dtype, 1e-4, 1e-4, 1e-2, 1e-2)) is None
+
+
+def test_tolerance_per_dtype_and_task_override():
+  assert B.tolerance_for(torch.float32, 1e-4, 2e-4, 1e-2, 3e-2) == (1e-4, 2e-4)
+  assert B.tolerance_for(torch.bfloat16, 1e-4, 2e-4, 1e-2, 3e-2) == (1e-2, 3e-2)
+  assert B.tolerance_for(torch.float32, 1e-4, 2e-4, 1e-2, 3e-2, task_atol=1e-3) == (1e-3, 2e-4)
+
+
+def test_checksum_detects_a_changed_word():
+  w = [torch.randn(100), torch.randn(3, 3, dtype=torch.float16)]
+  before = B.checksum(w)
+  assert B.checksum(w) == before
+  w[0][17] += 1e-3
+  assert B.checksum(w) != before
+
+
+def _module(task):
+  return tasks.load_module(tasks.TaskSpec(id=task, path=os.path.join(TASKS, task + ".py"), level=0))
+
+
+def test_draws_are_seeded_and_have_the_named_distributions():
+  mod = _module("row_sum")
+  a, b = I.draw(mod, "task", 7, CPU)[0], I.draw(mod, "task", 7, CPU)[0]
+  assert torch.equal(a, b) and a.shape == (4096, 2048)
+  assert not torch.equal(a, I.draw(mod, "task", 8, CPU)[0])
+  u = I.draw(mod, "uniform", 7, CPU)[0]
+  assert u.min() >= -1 and u.max() <= 1 and abs(u.mean()) < 0.01
+  s = I.draw(mod, "shifted", 7, CPU)[0]
+  assert s.mean().item() == pytest.approx(1.0, abs=0.01) and s.std().item() == pytest.approx(2.0, abs=0.01)
+  h = I.draw(mod, "heavy", 7, CPU)[0]
+  assert h.std().item() == pytest.approx(2 ** 0.5, abs=0.02)  # Laplace(0, 1).
+  assert (h.abs() > 8).float().mean() > 1e-4  # Heavier tails than a normal.
+
+
+def test_integer_inputs_and_structured_inputs_are_preserved(tmp_path):
+  emb = _module("embedding")
+  idx_task, idx_normal = I.draw(emb, "task", 3, CPU)[0], I.draw(emb, "normal", 3, CPU)[0]
+  assert idx_task.dtype == torch.int64 and torch.equal(idx_task, idx_normal)
+  f = tmp_path / "tril.py"
+  f.write_text("import torch\nclass Model(torch.nn.Module):\n  def forward(self, a):\n    return a\n"
+               "def get_inputs():\n  return [torch.tril(torch.randn(64, 64))]\n"
+               "def get_init_inputs():\n  return []\n")
+  mod = tasks.load_module(tasks.TaskSpec(id="tril", path=str(f), level=0))
+  x = I.draw(mod, "normal", 5, CPU)[0]
+  assert torch.equal(x, torch.tril(x)) and (x != 0).sum() == 64 * 65 // 2  # Zeros kept, values changed.
+  assert not torch.equal(x, I.draw(mod, "task", 5, CPU)[0])
+
+
+def test_trial_distributions():
+  assert I.trial_distributions(5, ("task", "normal", "uniform"), None) == ["task", "normal", "uniform", "task",
+                                                                          "normal"]
+  assert I.trial_distributions(3, ("normal",), None) == ["task", "normal", "task"]
+  assert I.trial_distributions(3, ("task", "normal"), ("task",)) == ["task"] * 3
+  assert I.trial_distributions(4, ("task", "normal", "heavy"), None, unsafe=("normal",)) == ["task", "heavy",
+                                                                                             "task", "heavy"]
