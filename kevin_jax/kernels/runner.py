@@ -113,16 +113,19 @@ class KernelModule:
 
 def wait(stream: torch.cuda.Stream, deadline: float, what: str) -> None:
   """Waits for the stream's work, polling an event; raises CandidateError (fatal) on a fault or past deadline."""
-  ev = torch.cuda.Event()
-  ev.record(stream)
   spins = 0
+  ev = None
   while True:
-    try:
+    try:  # A fault of an earlier launch can surface already at record().
+      if ev is None:
+        ev = torch.cuda.Event()
+        ev.record(stream)
       if ev.query():
         return
     except Exception as e:  # pylint: disable=broad-except
       kind, msg = classify(e, at_launch=False)
-      raise CandidateError(kind, f"{what}: {msg} [{str(e).splitlines()[0][:200]}]", fatal=True) from e
+      first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+      raise CandidateError(kind, f"{what}: {msg} [{first}]", fatal=True) from e
     if time.monotonic() > deadline:
       raise CandidateError("hang", f"{what} did not finish in time", fatal=True)
     spins += 1

@@ -211,11 +211,11 @@ class GpuWorker:
   def _after(self, state: TaskState | None, res: dict) -> None:
     """Checks the reference weights, frees memory; a failure here makes the worker restart."""
     try:
+      torch.cuda.synchronize()
       if state is not None and B.checksum(p for n, p in state.model.named_parameters()) != state.param_sums:
         res["flags"].append("reference_corrupted")
         _final(res, "runtime_error", "a kernel wrote into memory it does not own (the reference model's weights)")
         res["fatal"] = True  # The worker restarts; its cached reference models go with it.
-      torch.cuda.synchronize()
       torch.cuda.empty_cache()
     except Exception as e:  # pylint: disable=broad-except
       res["fatal"] = True

@@ -1,0 +1,225 @@
+"""Evaluator benchmark on one GPU: throughput, speedup repeatability, NVRTC vs load_inline compile time.
+
+  python experiments/bench_evaluator.py --out runs/bench_evaluator      (about 3-4 minutes on one H200)
+
+1. Throughput: --n full evaluations (5 correctness trials + 100 timed runs each, the defaults) of correct kernels
+   for three tasks whose PyTorch reference takes about 1 ms (ReLU over 256M floats, row softmax 16384 x 16384,
+   fp32 matmul 5120x1024x5120), each candidate a distinct source (so every one is really compiled), submitted as one
+   batch like an RL step. Reports evaluations per minute and the per-phase breakdown (compile, correctness,
+   timing, queue waits).
+2. Repeatability: the same candidate re-evaluated --repeats times per task; speedup spread (max-min)/2 around the
+   median, in percent (goal: within +-3%).
+3. Compile time: NVRTC (our path) for the ReLU kernel, cold, vs a KernelBench-style
+   torch.utils.cpp_extension.load_inline build of the same kernel (once; --skip-load-inline to skip; needs nvcc
+   and ninja).
+Writes bench_evaluator.json and bench_evaluator.md to --out (default $OUT) and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from kevin_jax.kernels import compile as compile_mod  # pylint: disable=wrong-import-position
+from kevin_jax.kernels.evaluator import Evaluator, EvaluatorConfig  # pylint: disable=wrong-import-position
+
+DATA = os.path.join(ROOT, "tests", "data", "eval")
+TASKS = ["relu_1ms", "softmax_1ms", "matmul_1ms"]
+PHASES = ["static_queue", "task_analysis", "compile", "gpu_queue", "load", "prepare", "correctness", "timing",
+          "gpu_total", "total"]
+
+LOAD_INLINE_SCRIPT = r'''
+import os, sys, time, uuid
+import torch
+from torch.utils.cpp_extension import load_inline
+cuda_src = """
+__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = fmaxf(x[i], 0.f);
+}
+torch::Tensor relu(torch::Tensor x) {
+  auto y = torch::empty_like(x);
+  long long n = x.numel();
+  relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+  return y;
+}
+"""
+cpp_src = "torch::Tensor relu(torch::Tensor x);"
+t = time.perf_counter()
+load_inline(name="relu_" + uuid.uuid4().hex[:8], cpp_sources=cpp_src, cuda_sources=cuda_src, functions=["relu"],
+            build_directory=sys.argv[1], verbose=False)
+print("LOAD_INLINE_SECONDS", time.perf_counter() - t)
+'''
+
+
+def read(*parts):
+  with open(os.path.join(DATA, *parts), encoding="utf-8") as f:
+    return f.read()
+
+
+def variant(text: str, i: int, where: str) -> str:
+  """A distinct candidate: a comment in the CUDA source (forces a real compile) or in the plan (cache hit)."""
+  if where == "cuda":
+    return text.replace("```cuda\n", f"```cuda\n// variant {i}\n", 1)
+  return text.replace("```plan\n", f"```plan\n# variant {i}\n", 1)
+
+
+def phase_means(results) -> dict:
+  out = {}
+  for p in PHASES:
+    vals = [r.times[p] for r in results if p in r.times]
+    if vals:
+      out[p] = statistics.fmean(vals)
+  return out
+
+
+def run_load_inline(timeout_s: float) -> dict:
+  build = tempfile.mkdtemp(prefix="bench_load_inline_")
+  env = dict(os.environ, MAX_JOBS=str(os.cpu_count() or 8), TORCH_CUDA_ARCH_LIST="9.0")
+  t = time.perf_counter()
+  try:
+    p = subprocess.run([sys.executable, "-c", LOAD_INLINE_SCRIPT, build], capture_output=True, text=True,
+                       timeout=timeout_s, env=env, check=False)
+  except subprocess.TimeoutExpired:
+    return {"ok": False, "error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t}
+  wall = time.perf_counter() - t
+  for line in p.stdout.splitlines():
+    if line.startswith("LOAD_INLINE_SECONDS"):
+      return {"ok": True, "seconds": float(line.split()[1]), "wall_s": wall}
+  return {"ok": False, "error": (p.stderr or p.stdout)[-1500:], "wall_s": wall}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", default=os.environ.get("OUT", "runs/bench_evaluator"))
+  ap.add_argument("--n", type=int, default=60, help="evaluations in the throughput batch")
+  ap.add_argument("--repeats", type=int, default=5, help="re-evaluations of one candidate per task")
+  ap.add_argument("--skip-load-inline", action="store_true")
+  ap.add_argument("--load-inline-timeout", type=float, default=180.0)
+  ap.add_argument("--fake", action="store_true", help="CPU dry run of this script with a stand-in GPU worker")
+  args = ap.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                      handlers=[logging.FileHandler(os.path.join(args.out, "bench_evaluator.log")),
+                                logging.StreamHandler()])
+  log = logging.getLogger("bench")
+  report: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+  t_all = time.perf_counter()
+  cands = {t: read("candidates", t + ".md") for t in TASKS}
+  cache_dir = tempfile.mkdtemp(prefix="bench_evaluator_cache_")  # Cold NVRTC cache.
+  cfg = EvaluatorConfig(cache_dir=cache_dir)
+  t = time.perf_counter()
+  with Evaluator(cfg, task_source=os.path.join(DATA, "tasks"), _gpu_role="fake" if args.fake else "gpu") as ev:
+    # Warm-up: one evaluation per task loads the reference models and cuBLAS in the worker.
+    warm = ev.evaluate([(task, variant(cands[task], -1, "plan")) for task in TASKS])
+    report["startup_and_warmup_s"] = time.perf_counter() - t
+    report["gpu"] = ev.gpu_info
+    report["warmup"] = [{"task": r.task_id, "status": r.status, "error": r.error, "speedup": r.speedup}
+                        for r in warm]
+    log.info("warm-up done in %.1f s: %s", report["startup_and_warmup_s"], [r.status for r in warm])
+    for r in warm:
+      if r.status != "correct":
+        log.error("warm-up candidate for %s is %s: %s\n%s", r.task_id, r.status, r.error, r.feedback)
+
+    # 1. Throughput: one RL-style batch of distinct candidates.
+    items = [(TASKS[i % len(TASKS)], variant(cands[TASKS[i % len(TASKS)]], i, "cuda")) for i in range(args.n)]
+    t = time.perf_counter()
+    rs = ev.evaluate(items)
+    wall = time.perf_counter() - t
+    statuses = {s: sum(r.status == s for r in rs) for s in sorted({r.status for r in rs})}
+    report["throughput"] = {
+        "n": args.n, "wall_s": wall, "evals_per_min": args.n / wall * 60, "statuses": statuses,
+        "phase_mean_s": phase_means(rs),
+        "per_task": {task: {"phase_mean_s": phase_means([r for r in rs if r.task_id == task]),
+                            "speedup_median": statistics.median([r.speedup for r in rs
+                                                                 if r.task_id == task and r.speedup] or [0]),
+                            "ref_ms_median": statistics.median([r.ref_time_ms for r in rs
+                                                                if r.task_id == task and r.ref_time_ms] or [0])}
+                     for task in TASKS}}
+    log.info("throughput: %d evaluations in %.1f s = %.1f / min; %s", args.n, wall, args.n / wall * 60, statuses)
+    bad = [r for r in rs if r.status != "correct"]
+    for r in bad[:3]:
+      log.error("not correct: %s %s: %s", r.task_id, r.status, r.error)
+
+    # 2. Repeatability of the speedup.
+    items = [(task, variant(cands[task], 1000 + k, "plan")) for task in TASKS for k in range(args.repeats)]
+    t = time.perf_counter()
+    rs = ev.evaluate(items)
+    rep = {}
+    for task in TASKS:
+      sp = [r.speedup for r in rs if r.task_id == task and r.speedup]
+      if len(sp) == args.repeats:
+        med = statistics.median(sp)
+        rep[task] = {"speedups": sp, "median": med, "spread_pct": (max(sp) - min(sp)) / 2 / med * 100,
+                     "ref_ms": [r.ref_time_ms for r in rs if r.task_id == task],
+                     "cand_ms": [r.cand_time_ms for r in rs if r.task_id == task]}
+      else:
+        rep[task] = {"error": [f"{r.status}: {r.error}" for r in rs if r.task_id == task and not r.speedup]}
+    report["repeatability"] = rep
+    report["repeatability_wall_s"] = time.perf_counter() - t
+    log.info("repeatability: %s", {k: round(v.get("spread_pct", -1), 2) for k, v in rep.items()})
+
+  # 3. Compile time: NVRTC, cold (fresh source, no cache) vs load_inline.
+  relu_src = read("candidates", "relu_1ms.md").split("```cuda\n", 1)[1].split("```", 1)[0]
+  nv = [compile_mod.compile_cuda(relu_src + f"\n// cold {time.time_ns()}\n", cache_dir="") for _ in range(3)]
+  report["compile"] = {"nvrtc_s": [r.seconds for r in nv], "nvrtc_ok": all(r.ok for r in nv),
+                       "nvrtc_version": list(compile_mod.nvrtc_version())}
+  if not args.skip_load_inline:
+    log.info("load_inline build (KernelBench path), up to %.0f s ...", args.load_inline_timeout)
+    li = run_load_inline(args.load_inline_timeout)
+    report["compile"]["load_inline"] = li
+    if li.get("ok"):
+      report["compile"]["ratio"] = li["seconds"] / statistics.median(report["compile"]["nvrtc_s"])
+  report["total_wall_s"] = time.perf_counter() - t_all
+
+  with open(os.path.join(args.out, "bench_evaluator.json"), "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2, default=str)
+  md = markdown(report)
+  with open(os.path.join(args.out, "bench_evaluator.md"), "w", encoding="utf-8") as f:
+    f.write(md)
+  print(md)
+
+
+def markdown(rep: dict) -> str:
+  gpu = rep.get("gpu") or {}
+  tp = rep.get("throughput", {})
+  lines = [f"# Evaluator benchmark ({rep['date']})", "",
+           f"GPU: {gpu.get('device_name')} ({gpu.get('arch')}), torch {gpu.get('torch')}, cupy {gpu.get('cupy')}; "
+           f"command: `{rep['command']}`", "",
+           f"Throughput: **{tp.get('evals_per_min', 0):.1f} full evaluations / min** ({tp.get('n')} in "
+           f"{tp.get('wall_s', 0):.1f} s; statuses {tp.get('statuses')}); startup + warm-up "
+           f"{rep.get('startup_and_warmup_s', 0):.1f} s", "",
+           "| task | ref ms | speedup | compile s | correctness s | timing s | gpu total s | queue->done s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for task, d in tp.get("per_task", {}).items():
+    p = d["phase_mean_s"]
+    lines.append(f"| {task} | {d['ref_ms_median']:.3f} | {d['speedup_median']:.3f} | {p.get('compile', 0):.3f} | "
+                 f"{p.get('correctness', 0):.3f} | {p.get('timing', 0):.3f} | {p.get('gpu_total', 0):.3f} | "
+                 f"{p.get('total', 0):.1f} |")
+  lines += ["", "| task | speedups over repeats | spread (+-%) |", "| --- | --- | --- |"]
+  for task, d in rep.get("repeatability", {}).items():
+    if "speedups" in d:
+      lines.append(f"| {task} | {', '.join(f'{s:.3f}' for s in d['speedups'])} | {d['spread_pct']:.2f} |")
+    else:
+      lines.append(f"| {task} | {d.get('error')} | - |")
+  c = rep.get("compile", {})
+  li = c.get("load_inline", {})
+  lines += ["", f"Compile: NVRTC cold {', '.join(f'{s:.3f}' for s in c.get('nvrtc_s', []))} s; load_inline "
+            + (f"{li['seconds']:.1f} s (ratio {c.get('ratio', 0):.0f}x)" if li.get("ok") else
+               f"not run ({li.get('error', 'skipped')[:200]})"), "",
+            f"Total wall time {rep.get('total_wall_s', 0):.0f} s", ""]
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()
