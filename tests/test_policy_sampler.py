@@ -169,6 +169,15 @@ def test_eos_and_stop_strings_with_tokenizer():
   assert out.finish_reason[1] == "stop" and out.tokens[1] == free.tokens[1][:k]
   assert stop in out.text[1] and stop not in tok.decode(out.tokens[1][:-1])
   assert len(out.logprobs[1]) == k
+  # A model vocabulary larger than the tokenizer's (Qwen pads its embedding): padded ids are never sampled.
+  wide_cfg = cfg.replace(vocab_size=tok.vocab_size + 64)
+  wide = Qwen2(wide_cfg, rngs=nnx.Rngs(0))
+  wide.embed.embedding[...] = wide.embed.embedding[...].at[tok.vocab_size:].set(0.3)  # give them real mass
+  out = Sampler(wide_cfg, tok, sampler.cfg).generate(wide, prompts, seed=0, temperature=1.0, max_new_tokens=24,
+                                                     eos_ids=[])
+  assert max(max(t) for t in out.tokens) < tok.vocab_size
+  gap = np.concatenate(out.sampling_logprobs) - np.concatenate(out.logprobs)  # renormalised over allowed ids
+  assert np.all(gap >= -1e-6) and np.max(gap) > 1e-3
 
 
 def test_sharded_params_and_batch_on_mesh(hf_ckpt, prompts, cpu_devices8):

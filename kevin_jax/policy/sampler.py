@@ -29,7 +29,10 @@ Log-probabilities. `logprobs[i][t]` = log_softmax(raw model logits)[token], i.e.
 the unmodified policy at temperature 1 over the full model vocabulary, computed in fp32 from the same forward pass
 that produced the token: what GRPO's importance ratio needs as the old-policy log-prob (the learner recomputes
 the same quantity). `sampling_logprobs[i][t]` is the log-prob under the distribution actually sampled
-(temperature, top-k, top-p applied; 0 for greedy), for importance-sampling corrections.
+(temperature, top-k, top-p and the tokenizer-vocabulary mask applied; 0 for greedy), for importance-sampling
+corrections. With top_k = 0, top_p = 1 and a tokenizer covering the model's vocabulary (the bundled presets),
+it equals log_softmax(logits / temperature)[token] exactly as a learner recomputes it; with Qwen's padded
+vocabulary (151,936 rows, 151,665 tokens) it differs by the masked rows' probability mass (~0 once trained).
 
 Stopping. A row finishes on any of `eos_ids` (default: the tokenizer's; the EOS token is included in `tokens`
 and `logprobs` but not in `text`), on a stop string, or at max_new_tokens. Stop strings are matched exactly on
