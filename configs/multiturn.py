@@ -33,6 +33,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.param_dtype = "bfloat16"  # Parameter storage dtype: bfloat16 | float32.
   c.policy.compute_dtype = "bfloat16"  # Matmul/activation dtype; norms, softmax and logits stay fp32.
   c.policy.remat = "none"  # Per-layer rematerialisation: none | full | dots (save matmul outputs only).
+  c.policy.attention_impl = "xla"  # Multi-token attention: xla (einsum, any backend) | cudnn (flash, GPU bf16).
 
   # --- Sampler: the jitted KV-cache generator. ---
   c.sampler = ml_collections.ConfigDict()
@@ -71,6 +72,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.recompute_old_logps = True  # Recompute log pi_old with the learner's own forward before the updates
   #   (default: avoids sampler/learner numeric mismatch in the ratio); False = use the sampler's log-probs.
   c.rl.logits_chunk = 1024  # Positions per chunk of the log-prob computation (bounds fp32 [B, chunk, vocab]).
+  c.rl.scan_layers = True  # Learner scans the decoder layers (kevin_jax/rl/layer_scan.py) so remat saves memory.
 
   # --- Optimizer: Optax AdamW [P §1 "Learning rate", "Gradient clipping"]. ---
   c.optimizer = ml_collections.ConfigDict()
