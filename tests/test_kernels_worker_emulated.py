@@ -1,0 +1,337 @@
+"""The GPU worker's evaluation logic, run on the CPU: CUDA streams/events are stubbed and the "kernels" are Python
+functions behind the same launch interface (pointer arguments resolved back to the guarded buffers).
+
+What runs for real: plan re-validation, buffer allocation with guards, input draws, the reference on copies,
+poisoning, sealing, guard/mutation checks, comparisons, the timing loop with rescaled inputs and validation, and
+result construction. What does not: NVRTC cubins, CUDA faults, timing numbers (see test_evaluator_gpu.py).
+"""
+
+import collections
+import contextlib
+import os
+import random
+import time
+
+import pytest
+import torch
+
+from kevin_jax.kernels import buffers as B
+from kevin_jax.kernels import runner, timing, worker
+from kevin_jax.kernels.plan import Limits
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "eval")
+CUDA_ADD = 'extern "C" __global__ void add(const float* x, const float* y, float* out, long long n) {}'
+CUDA_ADD_RW = 'extern "C" __global__ void add(float* x, float* y, float* out, long long n) {}'
+PLAN_ADD = "launch add grid=(cdiv(x.numel, 256),) block=(256,) args=(x, y, out, x.numel)"
+TASK = '''
+import torch
+class Model(torch.nn.Module):
+  def forward(self, x, y):
+    return x + y
+def get_inputs():
+  return [torch.randn(1000), torch.randn(1000)]
+def get_init_inputs():
+  return []
+'''
+
+
+class FakeEvent:
+  def __init__(self, enable_timing=False):
+    self.t = None
+
+  def record(self, stream=None):
+    self.t = time.perf_counter()
+
+  def query(self):
+    return True
+
+  def synchronize(self):
+    pass
+
+  def elapsed_time(self, other):
+    return (other.t - self.t) * 1e3
+
+
+class FakeStream:
+  cuda_stream = 0
+
+  def synchronize(self):
+    pass
+
+
+class FakeModule:
+  """Stands in for runner.KernelModule: kernel name -> Python implementation over the guarded buffers."""
+  impls: dict = {}
+  registry: dict = {}  # data pointer -> Guarded
+
+  def __init__(self, cubin, names):
+    self.names = names
+
+  def attributes(self, name):
+    return {"num_regs": 32, "static_smem": 0, "local_bytes": 0, "max_threads": 1024}
+
+  def allow_dynamic_smem(self, name, nbytes):
+    pass
+
+  def launch(self, bl, ptrs, stream_ptr):
+    args = [self.registry[ptrs[a[1]]] if a[0] == "tensor" else a[2] for a in bl.args]
+    self.impls[bl.kernel](*args)
+
+  def run(self, plan, ptrs, stream_ptr):
+    for bl in plan.launches:
+      self.launch(bl, ptrs, stream_ptr)
+
+
+@pytest.fixture
+def emu(monkeypatch, tmp_path):
+  monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+  monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+  monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+  monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+  monkeypatch.setattr(worker, "KernelModule", FakeModule)
+  monkeypatch.setattr(timing, "wait", lambda *a, **k: None)
+  monkeypatch.setattr(worker, "wait", lambda *a, **k: None)
+  monkeypatch.setattr(worker, "_context_ok", lambda: True)
+  monkeypatch.setattr(worker.TaskState, "pinned_out",
+                      lambda self, j, like: torch.empty(like.shape, dtype=like.dtype))
+  real_alloc = B.BufferSet.alloc
+
+  def alloc(self, name, shape, dtype):
+    g = real_alloc(self, name, shape, dtype)
+    FakeModule.registry[g.ptr] = g
+    return g
+
+  monkeypatch.setattr(B.BufferSet, "alloc", alloc)
+  FakeModule.impls = {}
+  (tmp_path / "add.py").write_text(TASK)
+  w = worker.GpuWorker.__new__(worker.GpuWorker)
+  w.s = dict(correctness_trials=5, timing_runs=20, warmup_runs=3, atol=1e-4, rtol=1e-4, half_atol=1e-2,
+             half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0, timing_input_sets=2,
+             input_distributions=("task", "normal", "uniform", "heavy", "shifted"), validate_fraction=0.2,
+             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0)
+  w.device = torch.device("cpu")
+  w.limits = Limits()
+  w.stream = FakeStream()
+  w.flush = torch.empty(4096, dtype=torch.uint8)
+  w.tasks = collections.OrderedDict()
+  w.secret = random.Random(0)
+  path = str(tmp_path / "add.py")
+
+  def run(impl, cuda=CUDA_ADD, plan=PLAN_ADD, task=None, **settings):
+    FakeModule.impls = impl
+    w.s.update(settings)
+    phases = []
+    task_id, task_path = ("add", path) if task is None else (task, os.path.join(DATA, "tasks", task + ".py"))
+    job = {"task_id": task_id, "task_path": task_path, "text": f"```cuda\n{cuda}\n```\n```plan\n{plan}\n```\n",
+           "cubin": b"", "unsafe_dists": []}
+    res = w.run(job, phases.append)
+    res["phases"] = phases
+    return res
+
+  return run
+
+
+def _add(x, y, out, n):
+  out.tensor.copy_(x.tensor + y.tensor)
+
+
+def test_correct_kernel(emu):
+  res = emu({"add": _add})
+  assert res["status"] == "correct", res
+  assert res["details"]["distributions"] == ["task", "normal", "uniform", "heavy", "shifted"]
+  t = res["details"]["timing"]
+  assert t["cand_ms"]["n"] == 20 and t["ref_ms"]["n"] == 20 and t["validated"] >= 2 and t["input_sets"] == 2
+  assert res["speedup"] > 0 and not res["fatal"]
+  assert res["phases"][:4] == ["load", "prepare", "correctness", "reference:task"]
+  assert res["phases"][-1] == "timing"
+
+
+def test_noop_and_partial_writes_are_unwritten(emu):
+  res = emu({"add": lambda x, y, out, n: None})
+  assert res["status"] == "incorrect" and res["flags"] == ["unwritten_output"]
+  assert res["error"] == "1,000 of 1,000 elements of output 'out' were never written (they still hold the poison value)"
+
+  def half(x, y, out, n):
+    out.tensor[:500] = x.tensor[:500] + y.tensor[:500]
+
+  res = emu({"add": half})
+  assert res["status"] == "incorrect" and "500 of 1,000 elements" in res["error"]
+  m = res["details"]["mismatch"]
+  assert m["bad"] == 500 and m["first_index"] == [500] and m["trial"] == 1
+
+
+def test_out_of_bounds_write_and_input_mutation(emu):
+  def oob(x, y, out, n):
+    _add(x, y, out, n)
+    out.raw[B.GUARD_BYTES + out.nbytes:B.GUARD_BYTES + out.nbytes + 16].fill_(0)
+
+  res = emu({"add": oob})
+  assert res["status"] == "runtime_error" and res["flags"] == ["out_of_bounds_write"]
+  assert res["error"].startswith("launch 1 (add) wrote outside buffer 'out' (")
+
+  def mutate(x, y, out, n):
+    _add(x, y, out, n)
+    x.tensor.zero_()
+
+  res = emu({"add": mutate}, cuda=CUDA_ADD_RW)
+  assert res["status"] == "runtime_error" and res["flags"] == ["input_mutation"]
+  assert "modified the input 'x'" in res["error"]
+
+
+def test_wrong_values_report_the_first_bad_element(emu):
+  def off(x, y, out, n):
+    _add(x, y, out, n)
+    out.tensor[7] += 0.5
+
+  res = emu({"add": off})
+  m = res["details"]["mismatch"]
+  assert res["status"] == "incorrect" and res["error"] == "output 'out' does not match the reference"
+  assert m["bad"] == 1 and m["first_index"] == [7] and m["max_abs_err"] == pytest.approx(0.5, rel=1e-5)
+  assert m["got"] == pytest.approx(m["expected"] + 0.5, rel=1e-5, abs=1e-5)
+
+
+def test_precision_downgrade_is_incorrect(emu):
+  res = emu({"add": lambda x, y, out, n: out.tensor.copy_((x.tensor.half() + y.tensor.half()).float())})
+  assert res["status"] == "incorrect" and res["details"]["mismatch"]["max_abs_err"] > 1e-4
+
+
+def test_nondeterminism_between_the_two_runs(emu):
+  calls = []
+
+  def flaky(x, y, out, n):
+    calls.append(1)
+    _add(x, y, out, n)
+    if len(calls) % 2 == 0:
+      out.tensor[3] = 99.0
+
+  res = emu({"add": flaky})
+  assert res["status"] == "incorrect" and res["flags"] == ["nondeterministic"]
+
+
+def test_call_counting_is_caught_in_timing(emu):
+  calls = []
+
+  def counting(x, y, out, n):
+    calls.append(1)
+    if len(calls) <= 12:  # 5 trials x 2 runs pass, then a no-op.
+      _add(x, y, out, n)
+
+  res = emu({"add": counting})
+  assert res["status"] == "incorrect" and res["flags"] == ["timing_validation_failed"]
+  assert "timed run" in res["error"] and res["speedup"] is None
+
+
+def test_pointer_memoisation_is_caught(emu):
+  cache = {}
+
+  def memo(x, y, out, n):
+    if x.ptr in cache:
+      out.tensor.copy_(cache[x.ptr])
+    else:
+      _add(x, y, out, n)
+      cache[x.ptr] = out.tensor.clone()
+
+  res = emu({"add": memo})
+  assert res["status"] == "incorrect" and res["details"]["mismatch"]["trial"] == 2
+
+
+def test_content_memoisation_is_caught_in_timing(emu):
+  """A cache keyed by the input values passes the trials (distinct draws) but timing rescales inputs each run."""
+  cache = {}
+
+  def memo(x, y, out, n):
+    key = (x.tensor[:4].sum().item(), y.tensor[:4].sum().item())
+    if key in cache and len(cache) >= 6:
+      out.tensor.copy_(cache[key])
+      return
+    _add(x, y, out, n)
+    cache[key] = out.tensor.clone()
+
+  res = emu({"add": memo})
+  assert res["status"] == "correct"  # It never hits: every timed run sees new contents, so it computes.
+  assert len(cache) >= 20
+
+
+def test_excessive_speedup_recheck_validates_every_run(emu):
+  res = emu({"add": _add}, excessive_speedup=0.0)
+  assert res["status"] == "correct" and "excessive_speedup" in res["flags"]
+  assert res["details"]["timing"]["validated"] == 23 and "first_pass" in res["details"]["timing"]
+
+
+def test_reference_failure_is_reported_with_its_distribution(emu, tmp_path):
+  res = emu({"add": _add}, input_distributions=("task", "uniform"))
+  assert res["status"] == "correct"
+
+  def boom(*a):
+    raise RuntimeError("device-side assert triggered")
+
+  real = worker.GpuWorker.reference
+  calls = []
+
+  def reference(self, state, inputs):
+    calls.append(1)
+    if len(calls) == 2:
+      boom()
+    return real(self, state, inputs)
+
+  worker.GpuWorker.reference = reference
+  try:
+    res = emu({"add": _add}, input_distributions=("task", "normal"))
+  finally:
+    worker.GpuWorker.reference = real
+  assert res["status"] == "runtime_error" and res["flags"] == ["evaluator_error"]
+  assert res["details"]["reference_failed_dist"] == "normal"
+
+
+def test_format_error_from_device_limits(emu):
+  res = emu({"add": _add}, plan=PLAN_ADD.replace("block=(256,)", "block=(256,) smem=300000"))
+  assert res["status"] == "format_error" and "exceeds the device limit 232448" in res["error"]
+
+
+def _read_candidate(name):
+  with open(os.path.join(DATA, "candidates", name + ".md"), encoding="utf-8") as f:
+    text = f.read()
+  return text.split("```cuda\n")[1].split("```")[0], text.split("```plan\n")[1].split("```")[0]
+
+
+def test_two_outputs_and_per_launch_times(emu):
+  cuda, plan = _read_candidate("two_outputs")
+  impl = {"twice": lambda x, y, n: y.tensor.copy_(2 * x.tensor),
+          "rowsum": lambda x, s, rows, cols: s.tensor.copy_(x.tensor.sum(1))}
+  res = emu(impl, cuda=cuda, plan=plan, task="two_outputs", timing_runs=5, correctness_trials=2)
+  assert res["status"] == "correct", res
+  assert [k for k, _ in res["details"]["kernel_ms"]] == ["twice", "rowsum"]
+  impl["rowsum"] = lambda x, s, rows, cols: None
+  res = emu(impl, cuda=cuda, plan=plan, task="two_outputs")
+  assert res["status"] == "incorrect" and "elements of output 'out1' were never written" in res["error"]
+
+
+def test_parameters_scalars_and_parameter_mutation(emu):
+  cuda, plan = _read_candidate("linear_relu")
+
+  def lin(x, w, b, out, rows, in_f, out_f, scale):
+    assert (rows, in_f, out_f, scale) == (512, 256, 384, 2.0)
+    out.tensor.copy_(torch.relu(x.tensor @ w.tensor.T + b.tensor) * scale)
+
+  res = emu({"linear_relu": lin}, cuda=cuda, plan=plan, task="linear_relu", timing_runs=5, correctness_trials=2)
+  assert res["status"] == "correct", res
+
+  def lin_mut(x, w, b, out, *rest):
+    lin(x, w, b, out, *rest)
+    b.tensor.zero_()
+
+  res = emu({"linear_relu": lin_mut}, cuda=cuda.replace("const float* __restrict__ b", "float* b"), plan=plan,
+            task="linear_relu")
+  assert res["status"] == "runtime_error" and "modified the input 'linear.bias'" in res["error"]
+
+
+def test_scratch_is_poisoned_unless_zero(emu):
+  cuda, plan = _read_candidate("row_sum_scratch")
+
+  def acc(x, tmp, rows, cols):
+    tmp.tensor.add_(x.tensor.sum(1))
+
+  impl = {"acc": acc, "copy": lambda tmp, out, rows: out.tensor.copy_(tmp.tensor)}
+  assert emu(impl, cuda=cuda, plan=plan, task="row_sum", timing_runs=5, correctness_trials=2)["status"] == "correct"
+  res = emu(impl, cuda=cuda, plan=plan.replace(" zero", ""), task="row_sum")
+  assert res["status"] == "incorrect"
