@@ -186,3 +186,9 @@ def test_aggregate_ignores_rows_without_counted_tokens():
   m = jnp.array([[1.0, 1.0], [0.0, 0.0]])
   for mode, want in (("token_mean", 2.0), ("seq_mean", 2.0), ("constant", 4.0 / 2.0)):
     np.testing.assert_allclose(grpo.aggregate(x, m, mode, constant=2.0), want, err_msg=mode)
+
+
+def test_exp_minus_1_minus_is_accurate_for_small_log_ratios():
+  x = np.array([-0.5, -0.05, -1e-2, -3e-3, 1e-5, 2e-3, 0.0499, 0.3], np.float32)
+  want = np.expm1(x.astype(np.float64)) - x.astype(np.float64)
+  np.testing.assert_allclose(grpo.exp_minus_1_minus(jnp.asarray(x)), want, rtol=2e-5)

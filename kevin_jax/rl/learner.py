@@ -107,7 +107,7 @@ def micro_loss(params, mb: TrainBatch, num_tokens, num_seqs, *, graphdef, cfg: g
   """grpo.policy_loss of one micro-batch [G, T] with the minibatch's denominators; returns (loss, stats)."""
   model = nnx.merge(graphdef, params)
   logps, entropy = token_logps(model, mb.tokens_BxT, mb.attn_mask_BxT, chunk=cfg.logits_chunk,
-                               temperature=temperature, mesh=mesh)
+                               temperature=temperature, mesh=mesh, scan_layers=cfg.scan_layers)
   return grpo.policy_loss(logps, mb.old_logps_BxT, mb.advantages_B, mb.loss_mask_BxT, cfg,
                           ref_logps_BxL=mb.ref_logps_BxT, entropy_BxL=entropy, num_tokens=num_tokens,
                           num_seqs=num_seqs)
@@ -121,12 +121,15 @@ def minibatch_grads(params, mini: TrainBatch, *, graphdef, cfg: grpo.GRPOConfig,
       functools.partial(micro_loss, graphdef=graphdef, cfg=cfg, temperature=temperature, mesh=mesh),
       has_aux=True)
 
-  def body(acc, mb):
-    (_, stats), g = grad_fn(params, mb, num_tokens, num_seqs)
-    return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g), stats
+  # params ride in the loop carry, not a closure: nnx.remat inside the model cannot run on Variables
+  # merged from a closed-over outer-trace value (flax TraceContextError).
+  def body(carry, mb):
+    acc, p = carry
+    (_, stats), g = grad_fn(p, mb, num_tokens, num_seqs)
+    return (jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g), p), stats
 
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  grads, stats_M = jax.lax.scan(body, zeros, mini)
+  (grads, _), stats_M = jax.lax.scan(body, (zeros, params), mini)
   return grads, jax.tree.map(lambda x: x.sum(0), stats_M)
 
 
@@ -156,13 +159,16 @@ def _split(x, u: int, g: int, mesh: Mesh | None):
 
 def _recompute_old_logps(params, minis: TrainBatch, *, graphdef, cfg, temperature, mesh):
   """Forward-only log-probs [U, M, G, T] of every micro-batch under `params`."""
-  model = nnx.merge(graphdef, jax.lax.stop_gradient(params))
+  params = jax.lax.stop_gradient(params)
   u, m, g, t = minis.tokens_BxT.shape
   toks = minis.tokens_BxT.reshape(u * m, g, t)
   mask = minis.attn_mask_BxT.reshape(u * m, g, t)
-  fwd = lambda xs: token_logps(model, xs[0], xs[1], chunk=cfg.logits_chunk, temperature=temperature,
-                               mesh=mesh, with_entropy=False)[0]
-  return jax.lax.map(fwd, (toks, mask)).reshape(u, m, g, t)
+
+  def fwd(p, xs):  # params in the carry (see minibatch_grads).
+    model = nnx.merge(graphdef, p)
+    return p, token_logps(model, xs[0], xs[1], chunk=cfg.logits_chunk, temperature=temperature, mesh=mesh,
+                          with_entropy=False, scan_layers=cfg.scan_layers)[0]
+  return jax.lax.scan(fwd, params, (toks, mask))[1].reshape(u, m, g, t)
 
 
 def train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: grpo.GRPOConfig, opt_cfg: OptimizerConfig,
@@ -285,10 +291,11 @@ class Learner:
 
   @classmethod
   def from_config(cls, config, mesh: Mesh, model_cfg: ModelConfig | None = None) -> "Learner":
-    """From the run config; `model_cfg` defaults to config.policy.preset with its dtypes and remat."""
+    """From the run config; `model_cfg` defaults to config.policy.preset with its dtypes, remat, attention."""
     if model_cfg is None:
       model_cfg = get_preset(config.policy.preset, param_dtype=config.policy.param_dtype,
-                             compute_dtype=config.policy.compute_dtype, remat=config.policy.remat)
+                             compute_dtype=config.policy.compute_dtype, remat=config.policy.remat,
+                             attention_impl=config.policy.attention_impl)
     cfg = grpo.GRPOConfig.from_config(config.rl)
     opt_cfg = OptimizerConfig.from_config(config.optimizer, config.total_steps * cfg.updates_per_batch)
     return cls(model_cfg, cfg, opt_cfg, mesh, temperature=config.sampler.temperature)

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from kevin_jax import sharding
+from kevin_jax.rl.layer_scan import scanned_hidden
 
 
 def token_logps(model, tokens_BxT: jax.Array, attn_mask_BxT: jax.Array, *, chunk: int,
-                temperature: float = 1.0, mesh: Mesh | None = None,
-                with_entropy: bool = True) -> tuple[jax.Array, jax.Array | None]:
+                temperature: float = 1.0, mesh: Mesh | None = None, with_entropy: bool = True,
+                scan_layers: bool = False) -> tuple[jax.Array, jax.Array | None]:
   """Log-probs of tokens[t] given tokens[<t] (and the policy's entropy at that prediction).
 
   Args:
@@ -31,12 +32,14 @@ def token_logps(model, tokens_BxT: jax.Array, attn_mask_BxT: jax.Array, *, chunk
     temperature: the sampling temperature (logits are divided by it).
     mesh: when given, activations are constrained to the batch sharding of kevin_jax/sharding.py.
     with_entropy: also return the entropy H(softmax(logits[t-1] / temperature)) (a metric; no gradient).
+    scan_layers: run the decoder layers in a lax.scan (kevin_jax/rl/layer_scan.py) instead of model.hidden.
   Returns:
     (logps_BxT, entropy_BxT or None), float32, 0 at position 0.
   """
   b, t = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
-  h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)
+  hidden = scanned_hidden if scan_layers else type(model).hidden
+  h_BxTxD = hidden(model, tokens_BxT, positions_BxT, attn_mask_BxT)
   if mesh is not None:
     h_BxTxD = sharding.constrain(h_BxTxD, mesh, "batch", "seq", "act_embed")
   n = t - 1  # Predictions: h[:, i] predicts tokens[:, i + 1].
