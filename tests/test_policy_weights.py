@@ -57,6 +57,8 @@ def test_ours_save_load_exact_and_sharded_files(tmp_path):
   for k in a:
     assert b[k].dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(a[k], b[k])
+  save_pretrained(loaded, tmp_path)  # re-save as one file into the same directory: stale shards are removed
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
   from transformers import Qwen2ForCausalLM  # pylint: disable=g-import-not-at-top
   hf = Qwen2ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
   tokens = np.array([[1, 5, 9, 300]])

@@ -11,14 +11,19 @@ Dimension letters (used as shape suffixes, e.g. `h_BxTxD`):
   L layers
 
 Entry points:
-  logits_BxTxV, cache = model(tokens_BxT, positions_BxT, attn_mask_BxT=None, cache=None)
-  h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)    # final-normed, no cache
+  logits_BxTxV, new_cache = model(tokens_BxT, positions_BxT, attn_mask_BxT=None, cache=None, cache_slot=0,
+                                  cache_mask_BxS=None)                # new_cache is None without a cache
+  h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)    # final-normed, no cache (training)
   logits_BxTxV = model.logits(h_BxTxD)                                 # fp32 (when cfg.fp32_upcast)
+  h_BxTxD, new_cache = model.hidden_with_cache(tokens_BxT, positions_BxT, attn_mask_BxT, cache, cache_slot,
+                                               cache_mask_BxS)         # the sampler's prefill / decode step
 `hidden` + `logits` let the learner compute log-probs in sequence chunks without a [B, T, V] buffer.
 
 Masks and padding: attn_mask_BxT is 1 for real tokens and 0 for padding, with padding on the right. A query
 attends to key j iff position_j <= position_i and attn_mask_j == 1 (causal over positions, so positions must
-increase along T for real tokens). Outputs at padded positions are finite but meaningless.
+increase along T for real tokens). Outputs at padded positions are finite but meaningless. With
+cfg.attention_impl == 'cudnn' causality is by index and attn_mask_BxT only gives each row's length (sum), so
+real tokens must be a prefix and positions must increase with the index (the learner's and sampler's layout).
 
 KV cache (`KVCache`): per layer k and v of shape [B, K, S, H] in `cache.dtype` (bf16 by default; this layout
 makes decode attention a plain batched matmul over (B, K) with no transposes of the cache). Slots are storage,

@@ -204,7 +204,9 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
   """Writes `model` as a Hugging Face checkpoint (config.json + safetensors) that transformers loads unchanged.
 
   Args:
-    model: the Qwen2 module (parameters may be sharded; they are gathered one tensor at a time).
+    model: the Qwen2 module (parameters may be sharded; they are gathered one tensor at a time and written
+      one shard file at a time; with several processes every process must call this and only process 0
+      writes).
     path: output directory (created; existing weight files in it are overwritten).
     dtype: dtype of the stored tensors; None = the model's param_dtype.
     max_shard_bytes: split into model-0000i-of-0000n.safetensors + index when the total exceeds this.
@@ -212,33 +214,45 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
-  os.makedirs(path, exist_ok=True)
+  writer = jax.process_index() == 0  # every process joins the gathers; only process 0 writes files
+  if writer:
+    os.makedirs(path, exist_ok=True)
   cfg = model.cfg
   out_dtype = np.dtype(dtype or cfg.param_dtype)
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   mapping = _mapping(cfg)
-  shards: list[dict[str, np.ndarray]] = [{}]
-  size = 0
+  # Stream: each shard file is written as soon as it is full, so the host holds at most ~max_shard_bytes.
+  parts: list[tuple[str, list[str], int]] = []  # (temporary file, tensor names, bytes)
+  current: dict[str, np.ndarray] = {}
+
+  def flush():
+    if current and writer:
+      tmp = os.path.join(path, f".part-{len(parts):05d}.safetensors")
+      save_file(current, tmp, metadata={"format": "pt"})
+      parts.append((tmp, list(current), sum(a.nbytes for a in current.values())))
+    current.clear()
+
   for name, (ours, _, to_hf, hf_shape) in mapping.items():
     arr = np.ascontiguousarray(to_hf(_to_host(flat[ours].get_value())).astype(out_dtype))
     assert arr.shape == hf_shape, (name, arr.shape, hf_shape)
-    if size and size + arr.nbytes > max_shard_bytes:
-      shards.append({})
-      size = 0
-    shards[-1][name] = arr
-    size += arr.nbytes
-  for fn in (_SINGLE_FILE, _INDEX_FILE):
-    if os.path.exists(os.path.join(path, fn)):
+    if current and sum(a.nbytes for a in current.values()) + arr.nbytes > max_shard_bytes:
+      flush()
+    current[name] = arr
+  flush()
+  if not writer:
+    return
+  for fn in os.listdir(path):  # stale weights of an earlier save would confuse loaders
+    if fn == _SINGLE_FILE or fn == _INDEX_FILE or (fn.startswith("model-") and fn.endswith(".safetensors")):
       os.remove(os.path.join(path, fn))
-  if len(shards) == 1:
-    save_file(shards[0], os.path.join(path, _SINGLE_FILE), metadata={"format": "pt"})
+  if len(parts) == 1:
+    os.replace(parts[0][0], os.path.join(path, _SINGLE_FILE))
   else:
     weight_map, total = {}, 0
-    for i, shard in enumerate(shards):
-      fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, os.path.join(path, fn), metadata={"format": "pt"})
-      weight_map.update({name: fn for name in shard})
-      total += sum(a.nbytes for a in shard.values())
+    for i, (tmp, names, nbytes) in enumerate(parts):
+      fn = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+      os.replace(tmp, os.path.join(path, fn))
+      weight_map.update({name: fn for name in names})
+      total += nbytes
     with open(os.path.join(path, _INDEX_FILE), "w") as fh:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
   hf = cfg.to_hf_config(**(config_extra or {}))
