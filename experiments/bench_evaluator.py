@@ -13,6 +13,10 @@
    torch.utils.cpp_extension.load_inline build of the same kernel (once; --skip-load-inline to skip; needs nvcc
    and ninja).
 Writes bench_evaluator.json and bench_evaluator.md to --out (default $OUT) and prints a short table last.
+
+  python experiments/bench_evaluator.py --suite --out runs/suite_check    (about 3 minutes)
+evaluates every solution of the bundled suite (kevin_jax/data/solutions/*/*/*.md) instead and compares each status
+with the `expect` in its meta.json (writes suite_check.json / suite_check.md: mismatches, reference times, speedups).
 """
 
 from __future__ import annotations
@@ -107,7 +111,11 @@ def main() -> None:
   ap.add_argument("--skip-load-inline", action="store_true")
   ap.add_argument("--load-inline-timeout", type=float, default=180.0)
   ap.add_argument("--fake", action="store_true", help="CPU dry run of this script with a stand-in GPU worker")
+  ap.add_argument("--suite", action="store_true", help="check the bundled suite's solutions against meta.json")
   args = ap.parse_args()
+  if args.suite:
+    suite_check(args)
+    return
   os.makedirs(args.out, exist_ok=True)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                       handlers=[logging.FileHandler(os.path.join(args.out, "bench_evaluator.log")),
@@ -186,6 +194,48 @@ def main() -> None:
     json.dump(report, f, indent=2, default=str)
   md = markdown(report)
   with open(os.path.join(args.out, "bench_evaluator.md"), "w", encoding="utf-8") as f:
+    f.write(md)
+  print(md)
+
+
+def suite_check(args) -> None:
+  """Evaluates every bundled solution; statuses vs meta.json expectations."""
+  import glob  # pylint: disable=g-import-not-at-top
+  os.makedirs(args.out, exist_ok=True)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  sol_root = os.path.join(ROOT, "kevin_jax", "data", "solutions")
+  items, labels = [], []
+  for d in sorted(glob.glob(os.path.join(sol_root, "level*", "*"))):
+    task_id = os.path.relpath(d, sol_root)
+    meta_path = os.path.join(d, "meta.json")
+    meta = json.load(open(meta_path, encoding="utf-8")) if os.path.exists(meta_path) else {}
+    for f in sorted(glob.glob(os.path.join(d, "*.md"))):
+      name = os.path.basename(f)[:-3]
+      items.append((task_id, open(f, encoding="utf-8").read()))
+      labels.append((task_id, name, meta.get("solutions", {}).get(name, {}).get("expect")))
+  t = time.perf_counter()
+  with Evaluator(EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_")), task_source="bundled",
+                 _gpu_role="fake" if args.fake else "gpu") as ev:
+    rs = ev.evaluate(items)
+    gpu = ev.gpu_info
+  wall = time.perf_counter() - t
+  rows = [{"task": tid, "solution": name, "expect": exp, "status": r.status, "speedup": r.speedup,
+           "ref_ms": r.ref_time_ms, "cand_ms": r.cand_time_ms, "flags": r.flags, "error": r.error[:300],
+           "ok": exp is None or exp == r.status} for (tid, name, exp), r in zip(labels, rs)]
+  bad = [x for x in rows if not x["ok"]]
+  with open(os.path.join(args.out, "suite_check.json"), "w", encoding="utf-8") as f:
+    json.dump({"gpu": gpu, "wall_s": wall, "rows": rows}, f, indent=2, default=str)
+  lines = [f"# Suite check: {len(rows) - len(bad)}/{len(rows)} solutions match their expected status "
+           f"({wall:.0f} s, {(gpu or {}).get('device_name')})", "",
+           "| task | solution | expect | status | speedup | ref ms | note |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  for x in rows:
+    if not x["ok"] or x["solution"] in ("naive", "optimized"):
+      sp = f"{x['speedup']:.3f}" if x["speedup"] else "-"
+      ref = f"{x['ref_ms']:.3f}" if x["ref_ms"] else "-"
+      note = "" if x["ok"] else "MISMATCH: " + x["error"][:150]
+      lines.append(f"| {x['task']} | {x['solution']} | {x['expect']} | {x['status']} | {sp} | {ref} | {note} |")
+  md = "\n".join(lines) + "\n"
+  with open(os.path.join(args.out, "suite_check.md"), "w", encoding="utf-8") as f:
     f.write(md)
   print(md)
 

@@ -46,7 +46,7 @@ def draw(module, dist: str, seed: int, device: torch.device) -> list:
 def _transform(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
   if x.numel() == 0:
     return x
-  structured = (x == 0).float().mean().item() >= STRUCTURED_ZERO_FRACTION
+  structured = (x == 0).sum().item() >= STRUCTURED_ZERO_FRACTION * x.numel()
   if dist == "shrunk" or structured:
     u = 1.0 - torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32)  # (0, 1]
     return (x.float() * u).to(x.dtype)
