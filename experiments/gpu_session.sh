@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs several stages on a GPU host in one call, each with its own time limit, so one failing stage does not
+# cost the others. Logs go to $OUT/logs/<stage>.log (tarred into $OUT/logs.tar.gz at the end) and a one-line
+# status per stage to $OUT/summary.txt.
+#
+#   experiments/gpu_session.sh 'name=seconds=command' ...
+#
+# Carried wheels in .whl/ (e.g. ml-collections, which the GPU image lacks) are installed to /tmp/site first.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/logs"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.draw --format=csv | tee "$OUT/summary.txt"
+for spec in "$@"; do
+  name=${spec%%=*}; rest=${spec#*=}; limit=${rest%%=*}; cmd=${rest#*=}
+  start=$(date +%s)
+  echo "=== $name (limit ${limit}s): $cmd"
+  timeout -k 15 "$limit" bash -c "$cmd" >"$OUT/logs/$name.log" 2>&1
+  rc=$?
+  line="$name rc=$rc $(( $(date +%s) - start ))s"
+  echo "$line" | tee -a "$OUT/summary.txt"
+  tail -n 25 "$OUT/logs/$name.log"
+done
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
+echo "=== summary"; cat "$OUT/summary.txt"
