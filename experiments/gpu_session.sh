@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs several stages on a GPU host in one call, each with its own time limit, so one failing stage does not
-# cost the others. Logs go to $OUT/logs/<stage>.log (tarred into $OUT/logs.tar.gz at the end) and a one-line
-# status per stage to $OUT/summary.txt.
+# cost the others. Logs go to $OUT/logs/<stage>.log, a one-line status per stage to $OUT/summary.txt; stages
+# write results under $OUT/<anything>. At the end everything but summary.txt is packed into $OUT/all.tar.gz
+# (the device tool returns at most 8 files).
 #
 #   experiments/gpu_session.sh 'name=seconds=command' ...
 #
@@ -26,5 +27,6 @@ for spec in "$@"; do
   echo "$line" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/logs/$name.log"
 done
-tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
+cp "$OUT/summary.txt" /tmp/summary.txt
+tar czf /tmp/all.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tar.gz /tmp/summary.txt "$OUT/"
 echo "=== summary"; cat "$OUT/summary.txt"
