@@ -145,6 +145,7 @@ class Evaluator:
                       start_timeout_s=cfg.worker_start_timeout_s, memory_limit_bytes=mem,
                       spares=cfg.spare_workers) if envs else None)
     self._unsafe: dict[str, set] = {}
+    self._task_infos: dict[str, dict] = {}
     self._ref_cache_path = os.path.join(self.cache_dir, "ref_times.json")
     self._ref_cache = self._load_ref_cache()
     self._compile.start()
@@ -251,7 +252,8 @@ class Evaluator:
     arch, limits = self._arch_and_limits()
     payload = {"task_id": w.task_id, "task_path": w.spec.path, "text": w.text, "arch": arch, "limits": limits,
                "cache_dir": self.cache_dir, "use_pch": self.cfg.nvrtc_pch,
-               "max_static_device_bytes": self.cfg.max_static_device_bytes}
+               "max_static_device_bytes": self.cfg.max_static_device_bytes,
+               "task_info": self._task_infos.get(w.task_id)}  # Shapes are analysed once per task.
     self._compile.submit(Job(key=w, payload=payload, timeouts={"": self.cfg.compile_timeout_s},
                              affinity=w.task_id))
 
@@ -278,6 +280,8 @@ class Evaluator:
           self._finish(w, r["status"], r.get("error", ""), flags=r.get("flags", []), details=r.get("details", {}))
           return True
         w.static = r
+        if r.get("task_info"):
+          self._task_infos.setdefault(w.task_id, r["task_info"])
         if static_only:
           self._finish(w, STATIC_OK, details=r.get("details", {}))
           return True

@@ -42,9 +42,10 @@ class _CompileHandler:
 
 def _make_handler(role: str, settings: dict):
   if role == "gpu":
-    warnings.filterwarnings("error", module=r"cupy.*")  # CuPy warnings (e.g. a shrunk grid) are errors.
     from kevin_jax.kernels.worker import GpuWorker  # pylint: disable=g-import-not-at-top
     w = GpuWorker(settings)
+    # From here on CuPy warnings (e.g. a silently shrunk grid) are errors; import-time notices are not.
+    warnings.filterwarnings("error", module=r"cupy.*")
 
     class _Gpu:
       describe = dict(w.describe, pid=os.getpid())
