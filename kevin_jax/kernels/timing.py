@@ -227,6 +227,6 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
     ok = conclude(p, True)
   if ok:
     res["status"] = "correct"
-    if len(bound.launches) > 1 and su.cand_graphs is None:
+    if len(bound.launches) > 1:  # Eager launches, also when the timing used graphs.
       res["details"]["kernel_ms"] = _per_launch_ms(su, deadline_s)
   res["details"]["timing"] = info
