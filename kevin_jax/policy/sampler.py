@@ -114,7 +114,11 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
   """Draws one token per row. Returns (token_B int32, raw logprob_B, sampling logprob_B), all from fp32 logits."""
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
-  raw_logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+
+  def logp_of(x_BxV, token_B):  # log_softmax(x)[token] without materialising a [B, V] log-softmax
+    return (jnp.take_along_axis(x_BxV, token_B[:, None], axis=-1)[:, 0]
+            - jax.scipy.special.logsumexp(x_BxV, axis=-1))
+
   masked_BxV = logits_BxV
   if valid_vocab < v:
     masked_BxV = jnp.where(jnp.arange(v)[None, :] < valid_vocab, logits_BxV, _NEG)
@@ -135,9 +139,8 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
       scaled_BxV = jnp.where(scaled_BxV >= threshold_Bx1, scaled_BxV, _NEG)
     gumbel_BxV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B)
     token_B = jnp.argmax(scaled_BxV + gumbel_BxV, axis=-1).astype(jnp.int32)
-    samp_logp_B = jnp.take_along_axis(jax.nn.log_softmax(scaled_BxV, axis=-1), token_B[:, None], axis=-1)[:, 0]
-  raw_B = jnp.take_along_axis(raw_logp_BxV, token_B[:, None], axis=-1)[:, 0]
-  return token_B, raw_B, samp_logp_B
+    samp_logp_B = logp_of(scaled_BxV, token_B)
+  return token_B, logp_of(logits_BxV, token_B), samp_logp_B
 
 
 def _fold_keys(keys_Bx2: Array, step: Array) -> Array:
