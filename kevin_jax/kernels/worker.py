@@ -5,8 +5,8 @@ task sets ALLOW_TF32), re-validate the plan against the live shapes and the real
 as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
-               first on its own copies; its outputs go to pinned host memory and the GPU copies are scrubbed and
-               freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A), with a sync,
+               first on its own copies; its outputs go, sealed, to pinned host memory and the GPU copies are
+               scrubbed and freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A), with a sync,
                a canary check after every launch, and an input/parameter byte check after every run; the first
                run's outputs are sealed (XOR with a secret stream) while the second runs. Both runs are compared
                with the reference (uploaded only now).
@@ -286,8 +286,12 @@ class GpuWorker:
 
   # --- correctness -----------------------------------------------------------------------------------------
 
-  def reference(self, state: TaskState, inputs: list) -> tuple[list[torch.Tensor], bool]:
-    """Runs the reference on copies; returns (pinned host outputs, all finite). GPU outputs are scrubbed."""
+  def reference(self, state: TaskState, inputs: list) -> tuple[list[torch.Tensor], bool, int]:
+    """Runs the reference on copies; returns (sealed pinned host outputs, all finite, seal seed).
+
+    The host copies are sealed (XOR with a secret stream) because pinned host memory is device-addressable under
+    UVA; the GPU outputs are zero-filled and freed.
+    """
     ref_in = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     with torch.no_grad():
       outs = as_tuple(state.model(*ref_in))
@@ -297,9 +301,13 @@ class GpuWorker:
                       f"{[e['shape'] for e in expect]} (shapes must not change between calls)")
     checks = [torch.isfinite(o).all() for o in outs if o.is_floating_point()]
     finite = bool(torch.stack(checks).all().item()) if checks else True
+    seal_seed = self.secret.getrandbits(62)
     host = [state.pinned_out(j, o) for j, o in enumerate(outs)]
     for h, o in zip(host, outs):
-      h.copy_(o, non_blocking=True)
+      sealed = o.clone(memory_format=torch.contiguous_format)
+      B.seal(sealed, seal_seed)
+      h.copy_(sealed, non_blocking=True)
+      del sealed
     self.stream.synchronize()
     param_ptrs = {p.untyped_storage().data_ptr() for p in state.params.values()}
     for o in outs:
@@ -307,7 +315,7 @@ class GpuWorker:
         B.bytes_of(o).fill_(0)
     del outs, ref_in
     torch.cuda.empty_cache()
-    return host, finite
+    return host, finite, seal_seed
 
   def _correctness(self, state, bound, mod, bufs, deadline_s, job, res, report) -> bool:
     s = self.s
@@ -325,7 +333,7 @@ class GpuWorker:
       report(f"reference:{dist}")
       try:
         inputs = I.draw(state.module, dist, seed, self.device)
-        ref_host, finite = self.reference(state, inputs)
+        ref_host, finite, ref_seed = self.reference(state, inputs)
       except TaskError:
         raise
       except Exception as e:  # pylint: disable=broad-except
@@ -333,7 +341,7 @@ class GpuWorker:
       if not finite and dist != "task":
         dist = f"task (fallback from {dist})"
         inputs = I.draw(state.module, "task", seed, self.device)
-        ref_host, finite = self.reference(state, inputs)
+        ref_host, finite, ref_seed = self.reference(state, inputs)
       used_dists.append(dist)
       report("candidate")
       pristine = {}
@@ -376,6 +384,8 @@ class GpuWorker:
       for x in kept:
         B.seal(x, seal_seed)
       ref = [h.to(self.device, non_blocking=True) for h in ref_host]
+      for r in ref:
+        B.seal(r, ref_seed)  # Unseal.
       for j, o in enumerate(outs):
         atol, rtol = B.tolerance_for(ref[j].dtype, s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
                                      info.options.get("atol"), info.options.get("rtol"))
