@@ -22,6 +22,7 @@ import argparse
 import glob
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import sys
@@ -51,8 +52,10 @@ def corpus_files() -> list[str]:
   if not files:
     raise FileNotFoundError(f"no CUDA headers under {roots}: install nvidia-cuda-runtime-cu12/nvidia-cuda-cccl-cu12")
   files += glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))
-  import torch  # pylint: disable=g-import-not-at-top  (only its source files are read)
-  torch_dir = os.path.dirname(torch.__file__)
+  spec = importlib.util.find_spec("torch")  # located, never imported (the learner side does not import torch)
+  if spec is None or not spec.origin:
+    raise FileNotFoundError("torch is not installed: its torch/nn sources are part of the corpus")
+  torch_dir = os.path.dirname(spec.origin)
   files += glob.glob(os.path.join(torch_dir, "nn", "modules", "*.py")) + [os.path.join(torch_dir, "nn",
                                                                                         "functional.py")]
   return sorted({os.path.realpath(f) for f in files if os.path.isfile(f)})
