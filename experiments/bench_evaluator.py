@@ -227,7 +227,8 @@ def suite_check(args) -> None:
     json.dump({"gpu": gpu, "wall_s": wall, "rows": rows}, f, indent=2, default=str)
   lines = [f"# Suite check: {len(rows) - len(bad)}/{len(rows)} solutions match their expected status "
            f"({wall:.0f} s, {(gpu or {}).get('device_name')})", "",
-           "| task | solution | expect | status | speedup | ref ms | note |", "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| task | solution | expect | status | speedup | ref ms | note |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
   for x in rows:
     if not x["ok"] or x["solution"] in ("naive", "optimized"):
       sp = f"{x['speedup']:.3f}" if x["speedup"] else "-"

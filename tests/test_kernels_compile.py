@@ -8,7 +8,8 @@ from kevin_jax.kernels import compile as C
 from kevin_jax.kernels import static
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "eval")
-ADD = 'extern "C" __global__ void add(const float* x, float* y, int64_t n) { size_t i = threadIdx.x; if (i < n) y[i] = x[i]; }'
+ADD = ('extern "C" __global__ void add(const float* x, float* y, int64_t n) {'
+       ' size_t i = threadIdx.x; if (i < n) y[i] = x[i]; }')
 
 
 def test_compile_success_gives_a_cubin_with_the_kernel():

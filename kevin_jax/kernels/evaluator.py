@@ -328,7 +328,8 @@ class Evaluator:
         w.retries += 1
         self._submit_gpu(w)
         return False
-      self._finish(w, "runtime_error", f"evaluator error: the task failed in the GPU worker ({ev.info.splitlines()[0]})",
+      first = ev.info.splitlines()[0]
+      self._finish(w, "runtime_error", f"evaluator error: the task failed in the GPU worker ({first})",
                    flags=["evaluator_error"], details={"worker": ev.info})
       return True
     if ev.kind == "timeout":

@@ -6,10 +6,10 @@ as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
                first on its own copies; its outputs go, sealed, to pinned host memory and the GPU copies are
-               scrubbed and freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A), with a sync,
-               a canary check after every launch, and an input/parameter byte check after every run; the first
-               run's outputs are sealed (XOR with a secret stream) while the second runs. Both runs are compared
-               with the reference (uploaded only now).
+               scrubbed and freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A),
+               with a sync, a canary check after every launch, and an input/parameter byte check after every run;
+               the first run's outputs are sealed (XOR with a secret stream) while the second runs. Both runs
+               are compared with the reference (uploaded only now).
   timing       see timing.py.
 
 Any fault that leaves the CUDA context unusable (illegal address, trap, hang) marks the result fatal; the worker
