@@ -129,4 +129,4 @@ def wait(stream: torch.cuda.Stream, deadline: float, what: str) -> None:
     if time.monotonic() > deadline:
       raise CandidateError("hang", f"{what} did not finish in time", fatal=True)
     spins += 1
-    time.sleep(0 if spins < 200 else 0.0005)
+    time.sleep(0 if spins < 200 else 0.0001)
