@@ -71,7 +71,11 @@ def main(argv=None) -> int:
     if args.timing_runs is not None:
       kw["timing_runs"] = args.timing_runs
     with Evaluator(EvaluatorConfig(**kw), task_source=source) as ev:
-      r = ev.evaluate([(task_id, text)])[0]
+      try:
+        r = ev.evaluate([(task_id, text)])[0]
+      except RuntimeError as e:  # No GPU: a setup problem, not a candidate result.
+        print(f"error: {e}", file=sys.stderr)
+        return 2
   if args.json:
     print(json.dumps(r.to_dict(), indent=2, default=str))
   else:
