@@ -84,7 +84,8 @@ class Policy:
 def model_config(config, tokenizer: Tokenizer) -> ModelConfig:
   """The policy's ModelConfig: from the HF checkpoint's config.json, else the named preset."""
   p = config.policy
-  runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat)
+  runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat,
+                 attention_impl=p.attention_impl)
   if p.checkpoint:
     return ModelConfig.from_hf_config(p.checkpoint, **runtime)
   cfg = get_preset(p.preset, **runtime)
@@ -146,13 +147,13 @@ def load_hf_params(path: str, policy: Policy):
   from kevin_jax.policy.weights import load_pretrained  # pylint: disable=g-import-not-at-top
   cfg = policy.model_cfg
   theirs = ModelConfig.from_hf_config(path, param_dtype=cfg.param_dtype, compute_dtype=cfg.compute_dtype,
-                                      remat=cfg.remat)
+                                      remat=cfg.remat, attention_impl=cfg.attention_impl)
   if theirs != cfg:
     diff = {f.name: (getattr(theirs, f.name), getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
             if getattr(theirs, f.name) != getattr(cfg, f.name)}
     raise SystemExit(f"error: checkpoint {path} does not match the policy's model (checkpoint vs policy): {diff}")
   model = load_pretrained(path, dtype=cfg.param_dtype, shardings=policy.learner.param_shardings,
-                          compute_dtype=cfg.compute_dtype, remat=cfg.remat)
+                          compute_dtype=cfg.compute_dtype, remat=cfg.remat, attention_impl=cfg.attention_impl)
   return nnx.state(model, nnx.Param)
 
 

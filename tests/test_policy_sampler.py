@@ -195,6 +195,13 @@ def test_sharded_params_and_batch_on_mesh(hf_ckpt, prompts, cpu_devices8):
   assert out.tokens == ref.tokens
   for a, b in zip(out.logprobs, ref.logprobs):
     np.testing.assert_allclose(a, b, atol=1e-5)
+  # Fewer prompts than the batch axis has devices (3 rows over 8): rows are padded to a multiple of 8.
+  mesh8 = ksharding.make_mesh((("fsdp", 8), ("tensor", 1)), cpu_devices8)
+  replicated = load_pretrained(path, dtype="float32", compute_dtype="float32",
+                               shardings=NamedSharding(mesh8, P()))
+  out3 = Sampler(plain.cfg, None, F32, mesh=mesh8, batch_axes="fsdp").generate(
+      replicated, prompts[:3], seed=0, temperature=0.0, max_new_tokens=16)
+  assert out3.tokens == ref.tokens[:3]
 
 
 def test_input_errors(hf_ckpt):

@@ -283,6 +283,14 @@ class Sampler:
     raise ValueError(f"prompt of {length} tokens exceeds the largest prompt bucket "
                      f"{self.cfg.prompt_buckets[-1]}; raise sampler.prompt_buckets or shorten the prompt")
 
+  def _round_to_shards(self, batch: int) -> int:
+    """Rounds a chunk's row count up to a multiple of the batch axes' size (a sharded batch must divide)."""
+    if self.mesh is None:
+      return batch
+    axes = self.batch_axes if isinstance(self.batch_axes, tuple) else (self.batch_axes,)
+    shards = math.prod(self.mesh.shape[a] for a in axes)
+    return -(-batch // shards) * shards
+
   def _stop_seqs(self, stop_strings: Sequence[str]) -> np.ndarray:
     seqs = []
     for s in stop_strings:
@@ -307,7 +315,7 @@ class Sampler:
     temperature = float(c.temperature if temperature is None else temperature)
     top_p = float(c.top_p if top_p is None else top_p)
     top_k = int(c.top_k if top_k is None else top_k)
-    batch = batch or c.batch_size
+    batch = self._round_to_shards(batch or c.batch_size)
     bucket = self._bucket(prompt_len)
     graphdef, state = self._split(params)
     e = 0 if not num_stop_strings else 4 * math.ceil(num_stop_strings / 4)
@@ -373,6 +381,7 @@ class Sampler:
     valid_vocab = min(v, self.tokenizer.vocab_size) if self.tokenizer is not None else v
     graphdef, state = self._split(params)
     batch = c.batch_size if len(prompts) >= c.batch_size else 1 << (len(prompts) - 1).bit_length()
+    batch = self._round_to_shards(batch)
     base_key = jax.random.PRNGKey(seed)
     batch_sharding = None if self.mesh is None else (self.mesh, self.batch_axes)
 
