@@ -24,6 +24,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 import time
 
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
@@ -279,10 +280,12 @@ def compile_cuda(source: str, arch: str = DEFAULT_ARCH, *, cache_dir: str | None
     source = f"{source}\n// evaluation {nonce}\n"
   try:
     options = nvrtc_options(arch, use_pch)
+    if "--pch" in options:
+      options.append(f"--pch-dir={_pch_dir(cache_dir)}")  # NVRTC would write kernel.pch into the cwd.
     version = nvrtc_version()
   except Exception as e:  # pylint: disable=broad-except  # Missing NVRTC/headers: report, don't raise.
     return CompileResult(False, b"", f"evaluator setup error: {e}", time.perf_counter() - t0)
-  key_opts = [o for o in options if not o.startswith("-I") and o != "--pch"]
+  key_opts = [o for o in options if not o.startswith(("-I", "--pch"))]
   key = hashlib.sha256(json.dumps([source, key_opts, list(version), _shim_digest(),
                                    [_header_major(d) for d in include_dirs()]]).encode()).hexdigest()
   hit = _memory_cache.get(key) or _disk_get(cache_dir, key)
@@ -298,6 +301,16 @@ def compile_cuda(source: str, arch: str = DEFAULT_ARCH, *, cache_dir: str | None
   _remember(key, res)
   _disk_put(cache_dir, key, res)
   return res
+
+
+def _pch_dir(cache_dir: str | None) -> str:
+  """Per-process directory for NVRTC's automatic precompiled headers (concurrent compilers never share one)."""
+  base = cache_dir or default_cache_dir()
+  if cache_dir == "":
+    base = os.path.join(tempfile.gettempdir(), "kevin_jax_nvrtc")
+  path = os.path.join(base, "pch", str(os.getpid()))
+  os.makedirs(path, exist_ok=True)
+  return path
 
 
 def _remember(key: str, res: CompileResult) -> None:
