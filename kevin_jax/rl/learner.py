@@ -195,7 +195,7 @@ def train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: grpo.GRPO
   def update(carry, mini):
     params, master, opt_state, step, ok = carry
     grads, stats = minibatch_grads(params, mini, graphdef=graphdef, cfg=cfg, temperature=temperature, mesh=mesh)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     loss = stats["loss_sum"]
     loss_ok, grad_ok = jnp.isfinite(loss), jnp.isfinite(grad_norm)
     ok_now = ok & loss_ok & grad_ok
