@@ -37,8 +37,11 @@ def test_memcheck_compiles_for_8_gpus_on_one(tmp_path):
 
 @pytest.mark.gpu
 def test_cudnn_and_xla_attention_give_the_same_learner_step(tmp_path):
-  """One learner step of the 'small' preset in bf16 with each attention: same loss (bf16 noise aside)."""
-  losses = {}
+  """One learner step of the 'small' preset in bf16 with each attention: same gradient norm (bf16 noise aside).
+
+  (The loss itself says little here: with recomputed old log-probs the first update's loss is -mean(A).)
+  """
+  norms = {}
   for impl in ("cudnn", "xla"):
     out = tmp_path / impl
     proc = subprocess.run(
@@ -47,5 +50,5 @@ def test_cudnn_and_xla_attention_give_the_same_learner_step(tmp_path):
         cwd=ROOT, env=_gpu_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / "bench_learner.json").read_text())["results"][0]
-    losses[impl] = r["loss"]
-  assert abs(losses["cudnn"] - losses["xla"]) <= 2e-2 * max(abs(losses["xla"]), 1e-3), losses
+    norms[impl] = r["grad_norm"]
+  assert abs(norms["cudnn"] - norms["xla"]) <= 3e-2 * norms["xla"], norms
