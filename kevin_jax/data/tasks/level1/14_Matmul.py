@@ -1,9 +1,13 @@
 import torch
 import torch.nn as nn
 
-M = 2053
-K = 4099
-N = 3079
+M = 4093
+K = 1031
+N = 6151
+
+# Laplace ("heavy") operands are left out: with them about 1e-5 of the K-term fp32 dot products differ by more than
+# 1e-4 between two valid summation orders (e.g. ours and cuBLAS's), so even a correct kernel could fail.
+INPUT_DISTRIBUTIONS = ("task", "normal", "uniform", "shifted", "shrunk")
 
 
 class Model(nn.Module):

@@ -1,8 +1,12 @@
 import torch
 import torch.nn as nn
 
-M = 16383
-K = 16381
+M = 65521
+K = 4099
+
+# Laplace ("heavy") operands are left out: with them about 1e-5 of the K-term fp32 dot products differ by more than
+# 1e-4 between two valid summation orders (e.g. ours and cuBLAS's), so even a correct kernel could fail.
+INPUT_DISTRIBUTIONS = ("task", "normal", "uniform", "shifted", "shrunk")
 
 
 class Model(nn.Module):
