@@ -1,0 +1,277 @@
+"""The bundled task suite: tasks, their labelled candidates, metadata, and the degenerate candidates.
+
+Layout (kevin_jax/data; conventions in .notes/suite.md):
+
+    tasks/level<L>/<NN_Name>.py              KernelBench-format task
+    solutions/level<L>/<NN_Name>/meta.json   level, ops, shapes, description, H200 numbers, labelled candidates
+    solutions/level<L>/<NN_Name>/<name>.md   one candidate per entry of meta["solutions"] (naive, optimized,
+                                             wrong_*), each labelled with the evaluator status it must get
+
+Every task must also reject three *degenerate* candidates generated here (evaluator-anchors §6.6): one writes
+zeros into every output, one a constant, one the first input tensor (cast, wrapped around when the output is
+larger). Shared by the CI tests, the degenerate-task gate, experiments/verify_suite.py and the corpus export.
+Evaluator side: imports no JAX; torch only through taskinfo.analyze_task (lazily).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Sequence
+
+from kevin_jax.kernels import tasks
+
+DATA_DIR = os.path.dirname(tasks.BUNDLED_DIR)
+SOLUTIONS_DIR = os.path.join(DATA_DIR, "solutions")
+EXPECTS = ("correct", "incorrect", "runtime_error", "timeout", "compile_error", "format_error")
+REQUIRED_SOLUTIONS = ("naive", "optimized")
+MIN_WRONG_VARIANTS = 2
+META_KEYS = ("level", "ops", "shapes", "description", "ref_time_ms_h200", "best_speedup_h200", "solutions")
+DEGENERATE_KINDS = ("zeros", "constant", "identity")
+
+_CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "bfloat16": "__nv_bfloat16",
+           "int32": "int", "int64": "long long", "int16": "short", "int8": "signed char", "uint8": "unsigned char",
+           "bool": "bool"}
+_SUMMARY = re.compile(r"^Summary:[ \t]*(.*)$", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteCandidate:
+  """One labelled candidate of a task."""
+  task_id: str
+  name: str  # 'naive', 'optimized', 'wrong_tail', 'degenerate_zeros', ...
+  kind: str  # 'solution' (correct by design) | 'variant' (known wrong) | 'degenerate'
+  expect: str  # The evaluator status it must get (one of EXPECTS); degenerate ones must not be 'correct'.
+  text: str  # The ```cuda and ```plan blocks, exactly what a policy would answer after its reasoning.
+  summary: str = ""
+  bug: str = ""
+
+  @property
+  def key(self) -> str:
+    return f"{self.task_id}:{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteTask:
+  """A bundled task with its metadata and labelled candidates."""
+  spec: tasks.TaskSpec
+  meta_path: str
+
+  @property
+  def id(self) -> str:
+    return self.spec.id
+
+  @property
+  def level(self) -> int:
+    return self.spec.level
+
+  @property
+  def solutions_dir(self) -> str:
+    return os.path.dirname(self.meta_path)
+
+  @property
+  def meta(self) -> dict:
+    return read_meta(self.meta_path)
+
+  def candidates(self, kinds: Sequence[str] = ("solution", "variant")) -> list[SuiteCandidate]:
+    """The labelled candidates in meta.json order (solutions first as listed, then the wrong variants)."""
+    out = []
+    for name, entry in self.meta["solutions"].items():
+      kind = "solution" if entry["expect"] == "correct" else "variant"
+      if kind not in kinds:
+        continue
+      with open(os.path.join(self.solutions_dir, name + ".md"), encoding="utf-8") as f:
+        text, summary = split_candidate_file(f.read())
+      out.append(SuiteCandidate(task_id=self.id, name=name, kind=kind, expect=entry["expect"], text=text,
+                                summary=summary, bug=entry.get("bug", "")))
+    return out
+
+
+def split_candidate_file(text: str) -> tuple[str, str]:
+  """A candidate .md file -> (candidate text with the blocks, summary sentence after them)."""
+  last_fence = text.rfind("```")
+  tail = text[last_fence + 3:] if last_fence >= 0 else ""
+  m = _SUMMARY.search(tail)
+  if m is None:
+    return text.strip(), ""
+  return (text[:last_fence + 3] + tail[:m.start()]).strip(), m.group(1).strip()
+
+
+def read_meta(path: str) -> dict:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def format_meta(meta: dict) -> str:
+  """meta.json text: one key per line, short values (lists, candidate entries) kept on one line."""
+
+  def fmt(v, indent: int) -> str:
+    flat = json.dumps(v)
+    if not isinstance(v, dict) or indent + len(flat) <= 116:
+      return flat
+    pad = " " * (indent + 2)
+    items = [f"{pad}{json.dumps(k)}: {fmt(x, indent + 2)}" for k, x in v.items()]
+    return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+
+  return fmt(meta, 0) + "\n"
+
+
+def write_meta(path: str, meta: dict) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(format_meta(meta))
+
+
+def meta_problems(task: SuiteTask) -> list[str]:
+  """Schema problems of a task's meta.json and candidate files ([] when valid)."""
+  try:
+    meta = task.meta
+  except (OSError, ValueError) as e:
+    return [f"{task.id}: unreadable meta.json: {e}"]
+  p = []
+  missing = [k for k in META_KEYS if k not in meta]
+  if missing:
+    return [f"{task.id}: meta.json lacks {missing}"]
+  if meta["level"] != task.level:
+    p.append(f"{task.id}: meta level {meta['level']} != directory level {task.level}")
+  if not meta["ops"] or not all(isinstance(o, str) and o for o in meta["ops"]):
+    p.append(f"{task.id}: ops must be a non-empty list of names")
+  if not isinstance(meta["shapes"], dict) or not meta["shapes"]:
+    p.append(f"{task.id}: shapes must map tensor names to shapes")
+  if not isinstance(meta["description"], str) or len(meta["description"]) < 20:
+    p.append(f"{task.id}: description missing or too short")
+  for k in ("ref_time_ms_h200", "best_speedup_h200"):
+    if meta[k] is not None and not (isinstance(meta[k], (int, float)) and meta[k] > 0):
+      p.append(f"{task.id}: {k} must be null or a positive number")
+  sols = meta["solutions"]
+  for name in REQUIRED_SOLUTIONS:
+    if sols.get(name, {}).get("expect") != "correct":
+      p.append(f"{task.id}: solutions.{name} must exist with expect=correct")
+  wrong = [n for n, e in sols.items() if e.get("expect") != "correct"]
+  if len(wrong) < MIN_WRONG_VARIANTS:
+    p.append(f"{task.id}: needs >= {MIN_WRONG_VARIANTS} known-wrong variants, has {wrong}")
+  for name, e in sols.items():
+    if e.get("expect") not in EXPECTS:
+      p.append(f"{task.id}: {name}: expect {e.get('expect')!r} not in {EXPECTS}")
+    if e.get("expect") != "correct" and len(e.get("bug", "")) < 10:
+      p.append(f"{task.id}: {name}: a wrong variant needs a 'bug' description")
+    path = os.path.join(task.solutions_dir, name + ".md")
+    if not os.path.isfile(path):
+      p.append(f"{task.id}: {name}.md is missing")
+      continue
+    with open(path, encoding="utf-8") as f:
+      text, summary = split_candidate_file(f.read())
+    if "```cuda" not in text or "```plan" not in text:
+      p.append(f"{task.id}: {name}.md lacks a ```cuda or ```plan block")
+    if not summary:
+      p.append(f"{task.id}: {name}.md lacks a 'Summary:' line after the blocks")
+  listed = set(sols)
+  extra = sorted(f[:-3] for f in os.listdir(task.solutions_dir) if f.endswith(".md") and f[:-3] not in listed)
+  if extra:
+    p.append(f"{task.id}: candidate files not listed in meta.json: {extra}")
+  return p
+
+
+def load_suite(levels: Sequence[int] | None = None) -> list[SuiteTask]:
+  """Every bundled task that has a solutions directory, sorted by id (see `orphans` for the others)."""
+  out = []
+  for spec in tasks.discover("bundled", levels):
+    meta_path = os.path.join(SOLUTIONS_DIR, spec.id, "meta.json")
+    if os.path.isfile(meta_path):
+      out.append(SuiteTask(spec=spec, meta_path=meta_path))
+  return out
+
+
+def orphans() -> tuple[list[str], list[str]]:
+  """(task ids without solutions/meta.json, solution directories without a task file)."""
+  ids = {s.id for s in tasks.discover("bundled")}
+  with_meta = set()
+  for level in sorted(os.listdir(SOLUTIONS_DIR)) if os.path.isdir(SOLUTIONS_DIR) else []:
+    ldir = os.path.join(SOLUTIONS_DIR, level)
+    if os.path.isdir(ldir):
+      with_meta |= {f"{level}/{d}" for d in os.listdir(ldir) if os.path.isdir(os.path.join(ldir, d))}
+  return sorted(ids - with_meta), sorted(with_meta - ids)
+
+
+# --- degenerate candidates ----------------------------------------------------------------------------------
+
+def _ctype(dtype: str) -> str:
+  if dtype not in _CTYPES:
+    raise ValueError(f"no C type for dtype {dtype}")
+  return _CTYPES[dtype]
+
+
+def _headers(dtypes) -> str:
+  inc = []
+  if "float16" in dtypes:
+    inc.append("#include <cuda_fp16.h>")
+  if "bfloat16" in dtypes:
+    inc.append("#include <cuda_bf16.h>")
+  return "\n".join(inc) + ("\n\n" if inc else "")
+
+
+def degenerate_candidate(task_id: str, info, kind: str, constant: float = 1.0) -> SuiteCandidate:
+  """A candidate that fills every output with zeros, `constant`, or the first input tensor (cast, wrapped).
+
+  Args:
+    task_id: the task id.
+    info: the task's kevin_jax.kernels.taskinfo.TaskInfo (output shapes/dtypes, input names/dtypes).
+    kind: 'zeros' | 'constant' | 'identity'.
+    constant: the value the constant candidate writes (converted to each output's dtype).
+  """
+  if kind not in DEGENERATE_KINDS:
+    raise ValueError(f"kind must be one of {DEGENERATE_KINDS}, got {kind!r}")
+  src = None
+  if kind == "identity":
+    src = next(((n, i["dtype"]) for n, i in zip(info.input_names, info.inputs) if i["kind"] == "tensor"), None)
+    if src is None:
+      raise ValueError(f"task {task_id} has no tensor input to copy")
+  dtypes = {o["dtype"] for o in info.outputs} | ({src[1]} if src else set())
+  kernels, launches = [], []
+  for k, out in enumerate(info.outputs):
+    ct = _ctype(out["dtype"])
+    if kind == "identity":
+      sct = _ctype(src[1])
+      body = f"y[i] = static_cast<{ct}>(static_cast<float>(x[i % m]));"
+      params = f"const {sct}* __restrict__ x, long long m, {ct}* __restrict__ y, long long n"
+      args = f"{src[0]}, {src[0]}.numel, out{k}, out{k}.numel"
+    else:
+      value = "0.0f" if kind == "zeros" else repr(float(constant)) + "f"
+      body = f"y[i] = static_cast<{ct}>({value});"
+      params = f"{ct}* __restrict__ y, long long n"
+      args = f"out{k}, out{k}.numel"
+    kernels.append(f'extern "C" __global__ void fill_out{k}({params}) {{\n'
+                   f"  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+                   f"  if (i < n) {body}\n}}\n")
+    launches.append(f"launch fill_out{k} grid=(cdiv(out{k}.numel, 256),) block=(256,) args=({args})")
+  what = {"zeros": "zeros", "constant": f"the constant {constant:g}",
+          "identity": f"a copy of input '{src[0]}'" if src else ""}[kind]
+  text = ("```cuda\n" + _headers(dtypes) + "\n".join(kernels) + "```\n```plan\n" + "\n".join(launches) + "\n```")
+  return SuiteCandidate(task_id=task_id, name=f"degenerate_{kind}", kind="degenerate", expect="incorrect", text=text,
+                        summary=f"Writes {what} into every output element.")
+
+
+def degenerate_candidates(task_id: str, info, constant: float = 1.0) -> list[SuiteCandidate]:
+  """The three degenerate candidates of a task (see degenerate_candidate)."""
+  return [degenerate_candidate(task_id, info, k, constant) for k in DEGENERATE_KINDS]
+
+
+def task_info(task: SuiteTask):
+  """The task's shapes/dtypes without a GPU (meta device): a kevin_jax.kernels.taskinfo.TaskInfo."""
+  from kevin_jax.kernels import taskinfo  # pylint: disable=g-import-not-at-top  # Imports torch.
+  return taskinfo.analyze_task(task.spec)
+
+
+def shapes_of(info) -> dict[str, list[int]]:
+  """{name: shape} for the task's inputs, outputs ('out' or 'out<k>') and parameters, as meta.json records them."""
+  d: dict[str, Any] = {}
+  for n, i in zip(info.input_names, info.inputs):
+    if i["kind"] == "tensor":
+      d[n] = list(i["shape"])
+  outs = info.outputs
+  for k, o in enumerate(outs):
+    d["out" if len(outs) == 1 else f"out{k}"] = list(o["shape"])
+  for n, p in info.params.items():
+    d[n] = list(p["shape"])
+  return d
