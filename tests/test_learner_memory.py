@@ -15,7 +15,7 @@ from kevin_jax.policy.config import get_preset
 from kevin_jax.policy.model import Qwen2
 from kevin_jax.rl import memcheck
 from kevin_jax.rl.layer_scan import scanned_hidden
-from tests.test_learner import make_batch, make_learner, rel_err
+from tests.test_learner import TINY, init_params_host, make_batch, make_learner, rel_err
 
 DEEP = get_preset("tiny", param_dtype="float32", compute_dtype="float32", num_layers=4)
 ROWS, LEN = 8, 128
@@ -54,9 +54,9 @@ def test_accumulation_and_remat_reduce_temporaries(runs):
 
 
 def test_layer_scan_matches_model_hidden():
-  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", num_layers=3, remat="full")
-  model = Qwen2(cfg, rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model, nnx.Param)
+  cfg = TINY.replace(remat="full")
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
+  params = init_params_host()
   tok = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
   mask = jnp.ones((2, 16), jnp.int32).at[1, 12:].set(0)
@@ -66,8 +66,9 @@ def test_layer_scan_matches_model_hidden():
     h = scanned_hidden(m, tok, pos, mask) if scan else m.hidden(tok, pos, mask)
     return jnp.sum(jnp.sin(h) * mask[..., None]), h
 
-  (l0, h0), g0 = jax.value_and_grad(loss, has_aux=True)(params, False)
-  (l1, h1), g1 = jax.value_and_grad(loss, has_aux=True)(params, True)
+  vg = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (l0, h0), g0 = vg(params, False)
+  (l1, h1), g1 = vg(params, True)
   np.testing.assert_allclose(h1, h0, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(l1, l0, rtol=1e-6)
   assert rel_err(g1, g0) <= 1e-5
