@@ -55,7 +55,8 @@ def _parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
 
 def setup_devices(backend: str, n: int) -> str:
   """Configures JAX (before it is imported) for n compile devices; returns the backend chosen."""
-  if "jax" in sys.modules and backend != "current":
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if getattr(xla_bridge, "backends_are_initialized", lambda: "jax" in sys.modules)():
     import jax  # pylint: disable=g-import-not-at-top
     if len(jax.devices()) >= n:
       return jax.default_backend()
@@ -66,10 +67,12 @@ def setup_devices(backend: str, n: int) -> str:
     have = _gpu_count()
     if have == 0:
       raise SystemExit("--backend gpu: no CUDA GPU answers (use --backend cpu)")
-    if have < n:
-      os.environ["JAX_MOCK_GPU_TOPOLOGY"] = f"1x{n}x1"
-      os.environ["JAX_CUDA_VISIBLE_DEVICES"] = "0"
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if have < n:
+      import jax  # pylint: disable=g-import-not-at-top
+      # These are config flags, not environment variables: set before the GPU backend initialises.
+      jax.config.update("jax_mock_gpu_topology", f"1x{n}x1")
+      jax.config.update("jax_cuda_visible_devices", "0")
   else:
     os.environ["JAX_PLATFORMS"] = "cpu"
     flags = os.environ.get("XLA_FLAGS", "")
