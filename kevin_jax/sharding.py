@@ -39,7 +39,8 @@ PARAM_RULES: dict[str, str | None] = {
     # D: every matrix's model side and the norm scales [D] -> P(fsdp): q/k/v_kernel [D, N|K, H],
     # o_kernel [N, H, D], gate/up_kernel [D, F], down_kernel [F, D], embedding and lm_head above.
     "embed": "fsdp",
-    # N: q_kernel [D, N, H] -> P(fsdp, tensor, -); o_kernel [N, H, D] -> P(tensor, -, fsdp); q_bias [N, H] -> P(tensor, -).
+    # N: q_kernel [D, N, H] -> P(fsdp, tensor, -); o_kernel [N, H, D] -> P(tensor, -, fsdp);
+    # q_bias [N, H] -> P(tensor, -).
     "q_heads": "tensor",
     # K: k/v_kernel [D, K, H] -> P(fsdp, tensor, -); k/v_bias [K, H] -> P(tensor, -) (when tensor divides K).
     "kv_heads": "tensor",

@@ -77,7 +77,8 @@ def test_layer_scan_matches_model_hidden():
 def test_memcheck_reports_sharded_state(cpu_devices8, capsys, tmp_path):
   del cpu_devices8
   rc = memcheck.main(["--preset", "tiny", "--seq-len", "32", "--mesh", "fsdp=4,tensor=2", "--micro-batch", "1",
-                      "--remat", "full", "--backend", "cpu", "--logits-chunk", "16", "--json", str(tmp_path / "r.json")])
+                      "--remat", "full", "--backend", "cpu", "--logits-chunk", "16",
+                      "--json", str(tmp_path / "r.json")])
   out = capsys.readouterr().out
   assert rc == 0 and "peak estimate" in out and ": fits" in out
   r = json.loads((tmp_path / "r.json").read_text())

@@ -173,7 +173,7 @@ def exp_minus_1_minus(x) -> jax.Array:
 
 
 def kl_estimate(logps, ref_logps, estimator: str) -> jax.Array:
-  """Per-token estimate of KL(π ‖ π_ref) from samples of π: k1 = log π − log π_ref; k3 = e^{−k1} + k1 − 1."""
+  """Per-token KL(π ‖ π_ref) estimate from samples of π: k1 = log π − log π_ref; k3 = e^{−k1} + k1 − 1."""
   log_ratio = ref_logps - logps
   if estimator == "k1":
     return -log_ratio
