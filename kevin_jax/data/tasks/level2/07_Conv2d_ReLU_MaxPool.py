@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 16
+BATCH = 32
 IN_CHANNELS = 48
 OUT_CHANNELS = 64
 HEIGHT = 127

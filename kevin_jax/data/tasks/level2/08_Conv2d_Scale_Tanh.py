@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8
+BATCH = 12
 IN_CHANNELS = 32
 OUT_CHANNELS = 64
 HEIGHT = 150

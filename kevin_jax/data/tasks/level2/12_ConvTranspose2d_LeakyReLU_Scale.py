@@ -2,7 +2,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 32
+BATCH = 48
 IN_CHANNELS = 64
 OUT_CHANNELS = 48
 HEIGHT = 63

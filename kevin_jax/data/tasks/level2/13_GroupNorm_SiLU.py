@@ -2,7 +2,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 72
+BATCH = 96
 CHANNELS = 96
 HEIGHT = 124
 WIDTH = 124
