@@ -48,6 +48,9 @@ PARAM_RULES: dict[str, str | None] = {
     "head_dim": None,
     # F: gate/up_kernel [D, F] -> P(fsdp, tensor); down_kernel [F, D] -> P(tensor, fsdp).
     "mlp": "tensor",
+    # L: a stacked-layer axis [L, ...] (if the model scans its layers) stays whole: each device keeps its
+    # shard of every layer.
+    "layers": None,
 }
 
 # Logical activation axis -> mesh axes.

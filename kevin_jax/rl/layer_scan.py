@@ -17,6 +17,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
+
+from kevin_jax import sharding
 
 _POLICIES = {
     "full": None,  # Save only each layer's input.
@@ -24,9 +27,13 @@ _POLICIES = {
 }
 
 
-def scanned_hidden(model, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-                   attn_mask_BxT: jax.Array | None) -> jax.Array:
-  """Same contract as Qwen2.hidden: final-normed hidden states [B, T, D] in compute dtype."""
+def scanned_hidden(model, tokens_BxT: jax.Array, positions_BxT: jax.Array, attn_mask_BxT: jax.Array | None,
+                   mesh: Mesh | None = None) -> jax.Array:
+  """Same contract as Qwen2.hidden: final-normed hidden states [B, T, D] in compute dtype.
+
+  With a mesh, the residual stream between layers is constrained to the batch sharding (FSDP: weights are
+  gathered to the activations, never the reverse).
+  """
   cfg = model.cfg
   h_BxTxD = jnp.take(model.embed.embedding[...], tokens_BxT, axis=0).astype(cfg.compute_jnp_dtype)
   layer_def = nnx.graphdef(model.layers[0])
@@ -34,7 +41,10 @@ def scanned_hidden(model, tokens_BxT: jax.Array, positions_BxT: jax.Array,
 
   def body(h, layer_state):
     layer = nnx.merge(layer_def, layer_state)
-    return layer(h, positions_BxT, attn_mask_BxT, None)[0], None
+    h = layer(h, positions_BxT, attn_mask_BxT, None)[0]
+    if mesh is not None:
+      h = sharding.constrain(h, mesh, "batch", "seq", "act_embed")
+    return h, None
 
   if cfg.remat != "none":
     body = jax.checkpoint(body, policy=_POLICIES[cfg.remat])

@@ -38,8 +38,10 @@ def token_logps(model, tokens_BxT: jax.Array, attn_mask_BxT: jax.Array, *, chunk
   """
   b, t = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
-  hidden = scanned_hidden if scan_layers else type(model).hidden
-  h_BxTxD = hidden(model, tokens_BxT, positions_BxT, attn_mask_BxT)
+  if scan_layers:
+    h_BxTxD = scanned_hidden(model, tokens_BxT, positions_BxT, attn_mask_BxT, mesh)
+  else:
+    h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)
   if mesh is not None:
     h_BxTxD = sharding.constrain(h_BxTxD, mesh, "batch", "seq", "act_embed")
   n = t - 1  # Predictions: h[:, i] predicts tokens[:, i + 1].
