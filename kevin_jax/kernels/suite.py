@@ -257,6 +257,86 @@ def degenerate_candidates(task_id: str, info, constant: float = 1.0) -> list[Sui
   return [degenerate_candidate(task_id, info, k, constant) for k in DEGENERATE_KINDS]
 
 
+# --- degenerate-task statistics (the CPU gate) ----------------------------------------------------------------
+
+GATE_MAX_PASS = 0.99  # A degenerate candidate may match at most this fraction of an output's elements.
+GATE_MIN_VARYING = 0.5  # At least this fraction of elements must change (beyond tolerance) between input draws.
+GATE_MIN_WEIGHT_SENSITIVE = 0.01  # ... and at least this fraction between two weight draws (tasks with weights).
+_CHUNK = 1 << 24
+
+
+def _close_fraction(a, b, atol: float, rtol: float) -> float:
+  """Fraction of elements with |a - b| <= atol + rtol * |b| (allclose semantics, b = the reference), chunked."""
+  import torch  # pylint: disable=g-import-not-at-top
+  a, b = a.reshape(-1), b.reshape(-1)
+  if not b.is_floating_point():
+    return float((a == b).sum().item()) / max(1, b.numel())
+  hits = 0
+  for s in range(0, b.numel(), _CHUNK):
+    bb = b[s:s + _CHUNK].double()
+    aa = a[s:s + _CHUNK].double() if isinstance(a, torch.Tensor) and a.numel() > 1 else a
+    hits += int(((aa - bb).abs() <= atol + rtol * bb.abs()).sum().item())
+  return hits / max(1, b.numel())
+
+
+def _wrapped_copy(x, like):
+  """What the identity candidate writes: x flattened, repeated to like.numel(), cast like static_cast."""
+  import torch  # pylint: disable=g-import-not-at-top
+  flat = x.reshape(-1)
+  reps = -(-like.numel() // flat.numel())
+  y = (flat.repeat(reps) if reps > 1 else flat)[:like.numel()]
+  if like.dtype.is_floating_point:
+    return y.to(like.dtype)
+  return y.float().to(like.dtype)  # float -> integer truncates toward zero, as static_cast does.
+
+
+def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_other_weights=None, x=None,
+                     gpu_constant: float = 1.0, sample: int = 1 << 20) -> dict:
+  """How well trivial candidates would match one reference output, and how much it varies.
+
+  Args:
+    y: the reference output on one input draw (CPU tensor, real task shape).
+    atol, rtol: the evaluator's tolerances (allclose semantics).
+    y_other_inputs: the same model's output on another input draw (None: not measured).
+    y_other_weights: the output of a model with other weights on the same inputs (None: not measured).
+    x: the first input tensor (what the identity candidate copies); None when the task has none.
+    gpu_constant: the value the GPU gate's constant candidate writes.
+    sample: elements sampled to choose the best constants (median, mean, mode).
+  Returns:
+    zeros / constant / identity: fraction of elements each trivial candidate matches (constant: the best of
+    median, mean, mode and gpu_constant); varying: fraction that changes between input draws; weight_sensitive:
+    fraction that changes between weight draws; problems: the gate's complaints ([] = not degenerate).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  flat = y.reshape(-1)
+  gen = torch.Generator().manual_seed(0)
+  idx = torch.randint(0, flat.numel(), (min(sample, flat.numel()),), generator=gen)
+  s = flat[idx]
+  consts = [float(gpu_constant)]
+  if y.is_floating_point():
+    consts += [float(s.median()), float(s.double().mean())]
+  else:
+    consts += [float(torch.mode(s).values)]
+  zero = torch.zeros((), dtype=y.dtype)
+  st = {"zeros": _close_fraction(zero, y, atol, rtol),
+        "constant": max(_close_fraction(torch.tensor(c, dtype=torch.float64).to(y.dtype), y, atol, rtol)
+                        for c in consts),
+        "identity": _close_fraction(_wrapped_copy(x, y), y, atol, rtol) if x is not None else None,
+        "varying": None, "weight_sensitive": None}
+  if y_other_inputs is not None:
+    st["varying"] = 1.0 - _close_fraction(y_other_inputs, y, atol, rtol)
+  if y_other_weights is not None:
+    st["weight_sensitive"] = 1.0 - _close_fraction(y_other_weights, y, atol, rtol)
+  problems = [f"an all-{k} candidate matches {st[k]:.2%} of the elements" for k in ("zeros", "constant", "identity")
+              if st[k] is not None and st[k] > GATE_MAX_PASS]
+  if st["varying"] is not None and st["varying"] < GATE_MIN_VARYING:
+    problems.append(f"only {st['varying']:.2%} of the elements change between input draws (near-constant output)")
+  if st["weight_sensitive"] is not None and st["weight_sensitive"] < GATE_MIN_WEIGHT_SENSITIVE:
+    problems.append(f"only {st['weight_sensitive']:.2%} of the elements change with the weights")
+  st["problems"] = problems
+  return st
+
+
 def task_info(task: SuiteTask):
   """The task's shapes/dtypes without a GPU (meta device): a kevin_jax.kernels.taskinfo.TaskInfo."""
   from kevin_jax.kernels import taskinfo  # pylint: disable=g-import-not-at-top  # Imports torch.
