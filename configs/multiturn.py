@@ -202,6 +202,8 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.rl.micro_batch_size = 1
       c.policy.remat = "full"
       c.tasks.source = "KernelBench/KernelBench"  # Point at a local checkout.
+      from configs import kernelbench  # pylint: disable=g-import-not-at-top
+      c.tasks.train_ids, c.tasks.test_ids = kernelbench.split_ids()  # 90+90 train, 10+10 held out [P §1].
       c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs (STYLE.md practice 7).
     else:
       raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper")

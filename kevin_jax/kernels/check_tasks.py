@@ -1,0 +1,186 @@
+"""Lists and validates a task source: which tasks load, which fail and why.
+
+  python -m kevin_jax.kernels.check_tasks --source bundled
+  python -m kevin_jax.kernels.check_tasks --source ~/KernelBench/KernelBench --levels 1,2 \
+      --config configs/kernelbench.py          # also check the config's train/test ids against the source
+
+Each task goes through the stages a training run needs, and the first failing stage is reported:
+  import       the file executes and defines Model, get_inputs, get_init_inputs (KernelBench format)
+  init         get_init_inputs() and Model(*init) on the meta device (no memory, no compute)
+  inputs       get_inputs() on the meta device
+  forward      Model.forward on the meta device; if an op has no meta kernel, a real CPU run when the inputs
+               are small (--cpu-limit-mb), else the task is reported as unchecked
+  outputs      the outputs are tensors (what the evaluator compares)
+Exit status: 0 when every task loads (and the config's ids all exist), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+import time
+import traceback
+
+from kevin_jax.kernels import tasks
+
+
+@dataclasses.dataclass
+class Check:
+  id: str
+  ok: bool
+  stage: str = ""  # The failing stage ('' when ok).
+  reason: str = ""
+  inputs: list = dataclasses.field(default_factory=list)  # [(shape, dtype)] of tensor inputs.
+  outputs: list = dataclasses.field(default_factory=list)
+  device: str = "meta"  # Where forward ran: meta | cpu | unchecked.
+  seconds: float = 0.0
+
+
+def _short(e: BaseException) -> str:
+  msg = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
+
+
+def _where(e: BaseException, path: str) -> str:
+  """The line of the task file where the exception arose, if any."""
+  frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+  return f" (line {frames[-1].lineno})" if frames else ""
+
+
+def _tensors(xs):
+  import torch  # pylint: disable=g-import-not-at-top
+  return [(list(x.shape), str(x.dtype).replace("torch.", "")) for x in xs if isinstance(x, torch.Tensor)]
+
+
+def check_task(spec: tasks.TaskSpec, cpu_limit_mb: float = 256.0) -> Check:
+  """Runs the stages of the module docstring on one task."""
+  import torch  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  c = Check(id=spec.id, ok=False)
+
+  def fail(stage, e):
+    c.stage, c.reason = stage, _short(e) + _where(e, spec.path)
+    c.seconds = time.perf_counter() - t0
+    return c
+
+  try:
+    module = tasks.load_module(spec)
+  except BaseException as e:  # pylint: disable=broad-except  # SyntaxError, SystemExit from task code ...
+    return fail("import", e)
+  with torch.no_grad():
+    try:
+      with torch.device("meta"):
+        torch.manual_seed(0)
+        model = module.Model(*module.get_init_inputs())
+    except Exception as e:  # pylint: disable=broad-except
+      return fail("init", e)
+    try:
+      with torch.device("meta"):
+        inputs = list(module.get_inputs())
+    except Exception as e:  # pylint: disable=broad-except
+      return fail("inputs", e)
+    c.inputs = _tensors(inputs)
+    try:
+      with torch.device("meta"):
+        out = model(*inputs)
+    except Exception as meta_error:  # pylint: disable=broad-except  # An op without a meta kernel.
+      nbytes = sum(math.prod(s) * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in c.inputs)
+      if nbytes > cpu_limit_mb * 2**20:
+        c.device, c.ok = "unchecked", True
+        c.reason = f"forward has no meta implementation ({_short(meta_error)}); inputs too large for a CPU check"
+        c.seconds = time.perf_counter() - t0
+        return c
+      try:
+        torch.manual_seed(0)
+        model = module.Model(*module.get_init_inputs())
+        out = model(*module.get_inputs())
+        c.device = "cpu"
+      except Exception as e:  # pylint: disable=broad-except
+        return fail("forward", e)
+  outs = list(out) if isinstance(out, (tuple, list)) else [out]
+  if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+    return fail("outputs", TypeError(f"forward returned {type(out).__name__}, not tensors"))
+  c.outputs = _tensors(outs)
+  c.ok = True
+  c.seconds = time.perf_counter() - t0
+  return c
+
+
+def _load_config(arg: str):
+  """'path/to/config.py[:presets]' -> ConfigDict (the config's get_config(presets))."""
+  path, _, presets = arg.partition(":")
+  spec = importlib.util.spec_from_file_location("_check_tasks_config", path)
+  if spec is None or spec.loader is None:
+    raise SystemExit(f"error: cannot load config {path}")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(presets)
+
+
+def split_report(specs, cfg) -> tuple[dict, list[str]]:
+  """The config's split on these tasks: counts per level, and its ids missing from the source."""
+  t = cfg.tasks
+  known = {s.id for s in specs}
+  missing = sorted((set(t.train_ids) | set(t.test_ids)) - known)
+  if missing:
+    return {}, missing
+  train, test = tasks.split(specs, test_fraction=t.test_fraction, seed=t.split_seed, train_ids=t.train_ids,
+                            test_ids=t.test_ids)
+  count = lambda xs: {f"level{l}": sum(s.level == l for s in xs) for l in sorted({s.level for s in specs})}
+  return {"train": count(train), "test": count(test)}, []
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--source", default="bundled", help="'bundled', a KernelBench-style directory, or one task file")
+  p.add_argument("--levels", default="", help="comma-separated levels of a directory source (default: all)")
+  p.add_argument("--config", default="", help="also check this config's tasks.train_ids/test_ids: FILE[:presets]")
+  p.add_argument("--cpu-limit-mb", type=float, default=256.0,
+                 help="largest input size (MB) run on the CPU when forward has no meta implementation")
+  p.add_argument("--json", default="", help="also write the per-task results to this JSON file")
+  p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
+  a = p.parse_args(argv)
+  levels = [int(x) for x in a.levels.split(",") if x.strip()] or None
+  try:
+    specs = tasks.discover(a.source, levels)
+  except FileNotFoundError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  checks = []
+  for spec in specs:
+    c = check_task(spec, a.cpu_limit_mb)
+    checks.append(c)
+    if not c.ok:
+      print(f"FAIL  {c.id}: {c.stage}: {c.reason}")
+    elif not a.quiet:
+      shapes = " ".join(f"{d}{s}" for s, d in c.inputs) + " -> " + " ".join(f"{d}{s}" for s, d in c.outputs)
+      note = f"  [{c.device}: {c.reason}]" if c.reason else ("" if c.device == "meta" else f"  [{c.device}]")
+      print(f"ok    {c.id}: {shapes}{note}")
+  bad = [c for c in checks if not c.ok]
+  by_stage = {}
+  for c in bad:
+    by_stage[c.stage] = by_stage.get(c.stage, 0) + 1
+  unchecked = sum(c.device == "unchecked" for c in checks)
+  print(f"{len(checks)} tasks in {a.source}: {len(checks) - len(bad)} load, {len(bad)} fail"
+        + (f" ({', '.join(f'{n} at {s}' for s, n in by_stage.items())})" if bad else "")
+        + (f"; {unchecked} forward unchecked (no meta kernel, large inputs)" if unchecked else ""))
+  status = 1 if bad else 0
+  if a.config:
+    counts, missing = split_report(specs, _load_config(a.config))
+    if missing:
+      print(f"config {a.config}: {len(missing)} train/test ids are not in the source, e.g. {missing[:5]}")
+      status = 1
+    else:
+      print(f"config {a.config}: train {counts['train']}, test {counts['test']}")
+  if a.json:
+    with open(a.json, "w", encoding="utf-8") as f:
+      json.dump([dataclasses.asdict(c) for c in checks], f, indent=1)
+  return status
+
+
+if __name__ == "__main__":
+  sys.exit(main())
