@@ -151,6 +151,35 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluation.beam_rounds = 2  # Rounds of (turns_per_round turns, select, clone).
   c.evaluation.beam_turns_per_round = 4  # Turns per beam round [blog: 4 steps].
 
+  # --- Supervised warm start (mode=sft, configs/sft.py, kevin_jax/sft.py): cross-entropy on response tokens. ---
+  c.sft = ml_collections.ConfigDict()
+  c.sft.corpus = ""  # JSONL corpus, one {"messages": [...], "response": "..."} per line; '' = bundled solutions.
+  c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).
+  c.sft.steps = 0  # Optimizer steps; 0 = ceil(epochs * training examples / batch_size).
+  c.sft.batch_size = 32  # Sequences per optimizer step, global (a multiple of micro_batch_size x data-parallel).
+  c.sft.micro_batch_size = 8  # Sequences per device per gradient-accumulation micro-batch (memory, not math).
+  c.sft.learning_rate = 5e-4  # Peak LR. From-scratch LMs of 14-70M params train at ~1e-3 with 2M-token batches
+  #   (Pythia); our ~80k-token batches are noisier, so half that (RL's 2e-6 would barely move random weights).
+  c.sft.warmup_ratio = 0.05  # Share of steps with linear warmup.
+  c.sft.final_lr_ratio = 0.1  # Cosine decay from the peak to this share of it at the last step.
+  c.sft.b2 = 0.95  # Adam beta2 (LM-pretraining value, steadier at high LR than 0.999); beta1, eps: optimizer.*.
+  c.sft.weight_decay = 0.0  # Decoupled weight decay (the goal includes reproducing the corpus kernels).
+  c.sft.max_grad_norm = 1.0  # Global-norm clip (> 0; keeps the optimizer-state layout of the RL learner).
+  c.sft.max_seq_len = 5120  # Longest example, tokens (prompt + response + end-of-turn); = RL's
+  #   rollout.max_context_tokens + sampler.max_new_tokens. Longer ones are dropped (counted in the log).
+  c.sft.truncate = False  # True: cut over-long responses at max_seq_len instead of dropping the example.
+  c.sft.seq_buckets = (1024, 2048, 3072, 4096)  # Padded lengths (tokens), one compile each; + max_seq_len.
+  c.sft.length_group = 8  # Batches per window sorted by length (less padding); 1 = plain shuffling.
+  c.sft.exclude_test_tasks = True  # Never train on the tasks split's test tasks (clean RL held-out eval);
+  #   their examples give the heldout_tasks/loss curve.
+  c.sft.eval_fraction = 0.1  # Share of the other examples held out for the eval/loss curve.
+  c.sft.eval_every_steps = 50  # Held-out loss + greedy format check every N steps and at the end (0 = never).
+  c.sft.eval_max_examples = 256  # Cap on each held-out set's examples per eval (0 = all).
+  c.sft.sample_prompts = 8  # Held-out prompts decoded greedily at each eval (sample/parse_rate); 0 = none.
+  c.sft.sample_max_new_tokens = 1024  # Response budget of those greedy samples, tokens.
+  c.sft.checkpoint_every_steps = 100  # Orbax save every N steps (and at the last step).
+  c.sft.export_hf = True  # At the end, also write workdir/hf (HF safetensors + tokenizer files).
+
   # --- Mesh: all partitioning rules live in kevin_jax/sharding.py. ---
   c.mesh = ml_collections.ConfigDict()
   c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # (name, size); exactly one -1 is filled with the rest.

@@ -1,0 +1,245 @@
+"""The warm-start corpus: reading, tokenizing, splitting, and a deterministic length-grouped batch order.
+
+Corpus: JSONL, one example per line:
+  {"messages": [{"role": "system", "content": ...}, {"role": "user", "content": ...}],
+   "response": "<think>...</think>```cuda...```\n```plan...```\nSummary: ...",
+   ...optional fields: "task_id", "kind", "quality", ... (kept for splitting and logs)}
+Prompt = tokenizer.encode_chat(messages, add_generation_prompt=True) (exactly what the sampler is given);
+target = tokenizer.encode(response) + [end-of-turn id] (<|im_end|> in Qwen templates), so the policy learns to
+stop. Only target tokens carry loss. Without a corpus file the bundled suite's solutions are turned into
+single-turn examples (`bundled_corpus`).
+
+Batch order: epoch e is a permutation drawn from (seed, e), topped up to a multiple of the batch size, sorted by
+length within windows of `length_group` batches (less padding), cut into batches whose order is shuffled.
+Batch k of the run is a pure function of (seed, k), so a resumed run sees exactly the batches it would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from kevin_jax.rl import prompts
+from kevin_jax.rl.sft_step import SFTBatch
+
+SOLUTIONS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "solutions")
+
+
+class CorpusError(ValueError):
+  """The corpus is missing, empty or malformed (message names the file and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One tokenized example."""
+  prompt_ids: tuple[int, ...]
+  target_ids: tuple[int, ...]  # Response tokens + end-of-turn (cut if truncated).
+  task_id: str  # '' if the corpus line has none.
+  kind: str  # Free-form label from the corpus ('' if none).
+
+  @property
+  def length(self) -> int:
+    return len(self.prompt_ids) + len(self.target_ids)
+
+
+def read_corpus(path: str) -> list[dict[str, Any]]:
+  """Corpus records from a JSONL file, validated: each has `messages` (role/content dicts) and `response`."""
+  if not os.path.isfile(path):
+    raise CorpusError(f"SFT corpus {path!r} does not exist (config.sft.corpus; '' = the bundled suite's)")
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}:{n}: not JSON ({e})") from e
+      _validate(rec, f"{path}:{n}")
+      records.append(rec)
+  if not records:
+    raise CorpusError(f"SFT corpus {path!r} holds no examples")
+  return records
+
+
+def _validate(rec: Any, where: str) -> None:
+  if not isinstance(rec, dict):
+    raise CorpusError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+  msgs = rec.get("messages")
+  if not isinstance(msgs, list) or not msgs or not all(
+      isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
+    raise CorpusError(f"{where}: 'messages' must be a non-empty list of {{'role': str, 'content': str}}")
+  if not isinstance(rec.get("response"), str) or not rec["response"].strip():
+    raise CorpusError(f"{where}: 'response' must be a non-empty string")
+
+
+def bundled_corpus(task_sources: dict[str, str]) -> list[dict[str, Any]]:
+  """Single-turn examples from the bundled solutions of the given tasks ({task id: source}).
+
+  Every solution file (naive, optimized and the known-wrong variants: the starting policy should be a mixture)
+  becomes one response: a short reasoning built from the task's meta.json description, the candidate blocks and
+  the file's Summary line. Tasks without a solutions directory are skipped.
+  """
+  records = []
+  for task_id, source in sorted(task_sources.items()):
+    d = os.path.join(SOLUTIONS_DIR, task_id)
+    meta_path = os.path.join(d, "meta.json")
+    if not os.path.isfile(meta_path):
+      continue
+    with open(meta_path, encoding="utf-8") as f:
+      meta = json.load(f)
+    messages = prompts.build_messages(source)
+    for path in sorted(glob.glob(os.path.join(d, "*.md"))):
+      kind = os.path.splitext(os.path.basename(path))[0]
+      with open(path, encoding="utf-8") as f:
+        parsed = prompts.parse_response(f.read())
+      if parsed.error:
+        raise CorpusError(f"bundled solution {path} does not parse: {parsed.error}")
+      reasoning = f"{prompts.EXPECTED_OPENING} the task: {meta.get('description', '').strip()}"
+      response = prompts.format_response(reasoning, parsed.candidate_text, parsed.summary)
+      records.append({"messages": messages, "response": response, "task_id": task_id, "kind": kind,
+                      "quality": meta.get("solutions", {}).get(kind, {}).get("expect", "")})
+  return records
+
+
+def end_of_turn_id(tokenizer) -> int:
+  """The token the chat template puts right after an assistant message (<|im_end|> for Qwen templates)."""
+  marker = "\u2063SFT-END-MARKER\u2063"
+  text = tokenizer.apply_chat_template([{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}],
+                                       add_generation_prompt=False)
+  at = text.rfind(marker)
+  ids = tokenizer.encode(text[at + len(marker):]) if at >= 0 else []
+  if ids and ids[0] in tokenizer.eos_ids:
+    return int(ids[0])
+  eos = tokenizer.hf.eos_token_id
+  if eos is None:
+    raise ValueError("cannot find the tokenizer's end-of-turn token (chat template or eos_token)")
+  return int(eos)
+
+
+@dataclasses.dataclass
+class TokenizeStats:
+  records: int = 0
+  kept: int = 0
+  dropped_too_long: int = 0
+  truncated: int = 0
+  longest: int = 0
+
+
+def tokenize(records: Iterable[dict[str, Any]], tokenizer, *, max_seq_len: int,
+             truncate: bool) -> tuple[list[Example], TokenizeStats]:
+  """Examples of at most max_seq_len tokens; over-long ones are dropped (or their responses cut: truncate)."""
+  eot = end_of_turn_id(tokenizer)
+  out, st = [], TokenizeStats()
+  for rec in records:
+    st.records += 1
+    p = tuple(tokenizer.encode_chat(rec["messages"], add_generation_prompt=True))
+    r = tuple(tokenizer.encode(rec["response"])) + (eot,)
+    st.longest = max(st.longest, len(p) + len(r))
+    if len(p) + len(r) > max_seq_len:
+      if not truncate or len(p) >= max_seq_len:
+        st.dropped_too_long += 1
+        continue
+      r = r[:max_seq_len - len(p)]
+      st.truncated += 1
+    out.append(Example(p, r, str(rec.get("task_id", "")), str(rec.get("kind", ""))))
+  st.kept = len(out)
+  return out, st
+
+
+def corpus_digest(examples: Sequence[Example]) -> str:
+  """sha256 over the token ids: a resumed run checks it trains on the same data."""
+  h = hashlib.sha256()
+  for e in examples:
+    h.update(np.asarray(e.prompt_ids, np.int32).tobytes() + b"|" + np.asarray(e.target_ids, np.int32).tobytes())
+  return h.hexdigest()
+
+
+def split(examples: Sequence[Example], *, test_task_ids: Iterable[str], exclude_test_tasks: bool,
+          eval_fraction: float, seed: int) -> tuple[list[Example], list[Example], list[Example]]:
+  """(train, eval: held-out examples of training tasks, held-out tasks' examples).
+
+  With exclude_test_tasks, examples of the task split's test tasks never reach training (the RL held-out
+  evaluation stays clean) and form the third set. eval_fraction of the remaining examples is held out by a
+  seeded draw (at least one when eval_fraction > 0 and two or more examples remain).
+  """
+  if not 0 <= eval_fraction < 1:
+    raise ValueError(f"sft.eval_fraction must be in [0, 1), got {eval_fraction}")
+  test = set(test_task_ids) if exclude_test_tasks else set()
+  heldout_tasks = [e for e in examples if e.task_id in test]
+  rest = [e for e in examples if e.task_id not in test]
+  n_eval = int(round(eval_fraction * len(rest)))
+  if eval_fraction > 0 and len(rest) >= 2:
+    n_eval = max(n_eval, 1)
+  order = np.random.default_rng([seed, 7]).permutation(len(rest))
+  eval_idx = set(order[:n_eval].tolist())
+  train = [e for i, e in enumerate(rest) if i not in eval_idx]
+  evals = [e for i, e in enumerate(rest) if i in eval_idx]
+  return train, evals, heldout_tasks
+
+
+class BatchOrder:
+  """Which examples form batch k (1-based optimizer step): see the module docstring."""
+
+  def __init__(self, lengths: Sequence[int], batch_size: int, *, seed: int, length_group: int):
+    if not lengths:
+      raise ValueError("no training examples")
+    self.lengths = np.asarray(lengths)
+    self.batch_size, self.seed, self.length_group = batch_size, seed, max(1, length_group)
+    self.batches_per_epoch = -(-len(lengths) // batch_size)
+    self._cache: tuple[int, np.ndarray] | None = None
+
+  def _epoch(self, epoch: int) -> np.ndarray:
+    if self._cache is None or self._cache[0] != epoch:
+      n, b = len(self.lengths), self.batch_size
+      rng = np.random.default_rng([self.seed, epoch])
+      perm = rng.permutation(n)
+      extra = self.batches_per_epoch * b - n
+      perm = np.concatenate([perm, rng.choice(n, extra, replace=extra > n)])
+      window = b * self.length_group
+      for s in range(0, len(perm), window):
+        w = perm[s:s + window]
+        perm[s:s + window] = w[np.argsort(-self.lengths[w], kind="stable")]
+      batches = perm.reshape(self.batches_per_epoch, b)
+      self._cache = (epoch, batches[rng.permutation(self.batches_per_epoch)])
+    return self._cache[1]
+
+  def indices(self, step: int) -> np.ndarray:
+    epoch, k = divmod(step - 1, self.batches_per_epoch)
+    return self._epoch(epoch)[k]
+
+  def state(self, step: int) -> dict[str, int]:
+    """The data position after `step` batches (saved with the checkpoint; informational)."""
+    epoch, k = divmod(step, self.batches_per_epoch)
+    return {"epoch": epoch, "batch_in_epoch": k, "batches_per_epoch": self.batches_per_epoch}
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+  for b in sorted(buckets):
+    if length <= b:
+      return b
+  raise ValueError(f"sequence of {length} tokens exceeds the largest bucket {max(buckets)}")
+
+
+def make_batch(examples: Sequence[Example], rows: int, buckets: Sequence[int], pad_id: int) -> SFTBatch:
+  """Right-padded host arrays [rows, T] (T = the smallest bucket that fits); rows beyond the examples are
+  padding rows (one attended token, no loss)."""
+  if len(examples) > rows:
+    raise ValueError(f"{len(examples)} examples for {rows} rows")
+  t = bucket_for(max(e.length for e in examples), buckets)
+  tokens = np.full((rows, t), pad_id, np.int32)
+  attn = np.zeros((rows, t), np.int32)
+  loss = np.zeros((rows, t), np.float32)
+  attn[:, 0] = 1
+  for r, e in enumerate(examples):
+    p, n = len(e.prompt_ids), e.length
+    tokens[r, :n] = e.prompt_ids + e.target_ids
+    attn[r, :n] = 1
+    loss[r, p:n] = 1.0
+  return SFTBatch(tokens, attn, loss)
