@@ -1,0 +1,175 @@
+"""Export the bundled suite as a supervised warm-start corpus in the policy's prompt and response format.
+
+  python -m kevin_jax.data.export_corpus --out corpus.jsonl [--results kevin_jax/data/suite_results.json]
+
+One JSON object per line (the format kevin_jax/rl/sft_data.py reads): `messages` (system + user, from
+rl/prompts.build_messages), `response` (rl/prompts.format_response: reasoning, candidate blocks, summary) and
+metadata (task_id, kind, target, attempts, level). Examples, per task:
+
+  single            turn 1: the task alone -> a correct solution (naive and optimized)
+  fix_wrong         turn 2: a known-wrong variant + its evaluator feedback -> the optimized solution
+  speed_up          turn 2: the naive solution + its feedback ("Correct ... speedup 0.4x") -> the optimized one,
+                    when the results show the optimized one is faster
+  fix_then_speed_up turn 3: a wrong variant, then the naive solution, each with feedback -> the optimized one
+
+Feedback is the evaluator's real text from a verification run (experiments/verify_suite.py --update-meta writes
+kevin_jax/data/suite_results.json; a results.json of a run works too). Attempts whose recorded status differs
+from their label are left out, and without a results file only `single` examples are written: feedback is
+never invented. Reasoning is short and task-specific and opens with "Okay," (QwQ's habit, which the RL monitors
+check). Pure text: no torch, no JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+from typing import Any, Iterable
+
+from kevin_jax.kernels import suite, tasks
+from kevin_jax.rl import prompts
+
+DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_results.json")
+KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")
+
+
+def load_results(path: str) -> dict[str, dict[str, dict]]:
+  """{task_id: {candidate: {status, speedup, ref_time_ms, cand_time_ms, feedback}}} from suite_results.json
+  (compact) or a verify_suite results.json (full rows)."""
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)
+  if isinstance(data.get("results"), dict):
+    return data["results"]
+  out: dict[str, dict[str, dict]] = collections.defaultdict(dict)
+  for row in data.get("results", []):
+    r = row["result"]
+    out[row["task_id"]][row["candidate"]] = {k: r.get(k) for k in ("status", "speedup", "ref_time_ms",
+                                                                    "cand_time_ms", "feedback")}
+  return dict(out)
+
+
+def _sentence(text: str) -> str:
+  text = " ".join(text.split())
+  return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _first_line(feedback: str) -> str:
+  return feedback.strip().splitlines()[0] if feedback.strip() else ""
+
+
+def reasoning_single(meta: dict, target: suite.SuiteCandidate) -> str:
+  return f"Okay, the task: {_sentence(meta['description'])} Plan: {_sentence(target.summary)}"
+
+
+def reasoning_fix(meta: dict, wrong: suite.SuiteCandidate, feedback: str, target: suite.SuiteCandidate) -> str:
+  return (f"Okay, the last attempt failed: {_sentence(_first_line(feedback))} Looking at that kernel again, the "
+          f"bug is that it {_lower_first(wrong.bug)}. The task: {_sentence(meta['description'])} "
+          f"New version: {_sentence(target.summary)}")
+
+
+def reasoning_speed(meta: dict, slow: dict, target: suite.SuiteCandidate) -> str:
+  return (f"Okay, the previous kernel was correct but took {slow['cand_time_ms']:.3g} ms against "
+          f"{slow['ref_time_ms']:.3g} ms for PyTorch ({slow['speedup']:.2f}x). The task: "
+          f"{_sentence(meta['description'])} To go faster: {_sentence(target.summary)}")
+
+
+def _lower_first(s: str) -> str:
+  s = s.strip().rstrip(".")
+  return s[:1].lower() + s[1:] if s else "does not compute what the reference computes"
+
+
+def _record(task: suite.SuiteTask, kind: str, attempts: list[prompts.Attempt], names: list[str],
+            reasoning: str, target: suite.SuiteCandidate) -> dict[str, Any]:
+  return {"messages": prompts.build_messages(task.spec.source, attempts),
+          "response": prompts.format_response(reasoning, target.text, target.summary),
+          "task_id": task.id, "level": task.level, "kind": kind, "quality": "correct", "target": target.name,
+          "attempts": names, "turn": len(attempts) + 1}
+
+
+def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None) -> tuple[list[dict], list[str]]:
+  """The corpus records of one task and the notes on what was left out (status != label, no results)."""
+  meta = task.meta
+  cands = {c.name: c for c in task.candidates()}
+  naive, opt = cands["naive"], cands["optimized"]
+  out = [_record(task, "single", [], [], reasoning_single(meta, c), c) for c in (naive, opt)]
+  notes = []
+  if results is None:
+    return out, []
+  if not results:
+    return out, [f"{task.id}: no evaluator results, single-turn examples only"]
+
+  def attempt(c: suite.SuiteCandidate):
+    r = results.get(c.name)
+    if r is None or not r.get("feedback"):
+      notes.append(f"{task.id}:{c.name}: no recorded feedback")
+      return None, None
+    if r["status"] != c.expect:
+      notes.append(f"{task.id}:{c.name}: recorded status {r['status']} != label {c.expect}; left out")
+      return None, None
+    return prompts.Attempt(candidate_text=c.text, summary=c.summary, feedback=r["feedback"]), r
+
+  naive_att, naive_res = attempt(naive)
+  opt_res = results.get("optimized") or {}
+  faster = (naive_res is not None and opt_res.get("status") == "correct" and naive_res.get("speedup")
+            and opt_res.get("speedup") and opt_res["speedup"] > naive_res["speedup"])
+  if faster:
+    out.append(_record(task, "speed_up", [naive_att], ["naive"], reasoning_speed(meta, naive_res, opt), opt))
+  for c in cands.values():
+    if c.kind != "variant":
+      continue
+    wrong_att, wrong_res = attempt(c)
+    if wrong_att is None:
+      continue
+    out.append(_record(task, "fix_wrong", [wrong_att], [c.name],
+                       reasoning_fix(meta, c, wrong_res["feedback"], opt), opt))
+    if faster:
+      out.append(_record(task, "fix_then_speed_up", [wrong_att, naive_att], [c.name, "naive"],
+                         reasoning_speed(meta, naive_res, opt), opt))
+  return out, notes
+
+
+def export(out_path: str, results_path: str | None, levels=None, split: str = "all",
+           test_fraction: float = 0.25, seed: int = 0) -> dict[str, int]:
+  """Writes the corpus; returns the number of examples per kind."""
+  results = load_results(results_path) if results_path else None
+  suite_tasks = suite.load_suite(levels)
+  if split != "all":
+    train, test = tasks.split([t.spec for t in suite_tasks], test_fraction=test_fraction, seed=seed)
+    keep = {s.id for s in (train if split == "train" else test)}
+    suite_tasks = [t for t in suite_tasks if t.id in keep]
+  counts: dict[str, int] = collections.Counter()
+  notes: list[str] = []
+  with open(out_path, "w", encoding="utf-8") as f:
+    for t in suite_tasks:
+      recs, why = examples_for_task(t, None if results is None else results.get(t.id, {}))
+      notes += why
+      for r in recs:
+        f.write(json.dumps(r) + "\n")
+        counts[r["kind"]] += 1
+  for n in notes:
+    print(f"note: {n}", file=sys.stderr)
+  return dict(counts)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", required=True, help="output JSONL file")
+  ap.add_argument("--results", default=DEFAULT_RESULTS if os.path.isfile(DEFAULT_RESULTS) else "",
+                  help="evaluator results with feedback (suite_results.json or a verify_suite results.json); "
+                       "'' = single-turn examples only")
+  ap.add_argument("--levels", default="", help="comma-separated levels (default: all)")
+  ap.add_argument("--split", choices=("all", "train", "test"), default="all",
+                  help="only the tasks of this side of the bundled split (config.tasks defaults)")
+  a = ap.parse_args(list(argv) if argv is not None else None)
+  levels = [int(x) for x in a.levels.split(",") if x.strip()] or None
+  counts = export(a.out, a.results or None, levels, a.split)
+  total = sum(counts.values())
+  print(f"{total} examples -> {a.out}: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KINDS)
+        + ("" if a.results else " (no results file: single-turn only)"))
+  return 0 if total else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

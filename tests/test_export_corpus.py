@@ -1,0 +1,121 @@
+"""kevin_jax/data/export_corpus.py: the suite as warm-start examples in the policy's prompt/response format.
+
+The results file here is built with the evaluator's own result/feedback code (kernels/result.py) for the
+statuses each candidate is labelled with; the committed corpus uses the real H200 run's file instead.
+"""
+
+import json
+
+import pytest
+
+from kevin_jax.data import export_corpus
+from kevin_jax.kernels import suite
+from kevin_jax.kernels.result import EvalResult, finalize
+from kevin_jax.rl import prompts, sft_data
+
+TASKS = ["level1/01_ReLU", "level1/04_ELU", "level1/07_Argmax"]
+
+
+def _result(task_id, c, speedup):
+  r = EvalResult(task_id=task_id, status=c.expect)
+  if c.expect == "correct":
+    r.speedup, r.ref_time_ms = speedup, 0.6
+    r.cand_time_ms = r.ref_time_ms / speedup
+  elif c.expect == "incorrect":
+    r.error = "output 'out' does not match the reference"
+    r.details = {"mismatch": {"output": "out", "dtype": "float32", "shape": [8191, 32771], "bad": 253,
+                              "numel": 268427261, "atol": 1e-4, "rtol": 1e-4, "trial": 1, "distribution": "task",
+                              "nonfinite": 253}}
+  elif c.expect == "compile_error":
+    r.details = {"compile_log": 'default_program(14): error: identifier "n4" is undefined'}
+  else:
+    r.error = f"{c.expect} in launch 1"
+  return finalize(r)
+
+
+@pytest.fixture()
+def results_file(tmp_path):
+  data = {"source": {"device": "test"}, "results": {}}
+  for t in suite.load_suite([1]):
+    if t.id not in TASKS:
+      continue
+    for c in t.candidates():
+      r = _result(t.id, c, {"naive": 0.5, "optimized": 1.1}.get(c.name, 1.0))
+      data["results"].setdefault(t.id, {})[c.name] = {"status": r.status, "speedup": r.speedup,
+                                                      "ref_time_ms": r.ref_time_ms, "cand_time_ms": r.cand_time_ms,
+                                                      "feedback": r.feedback}
+  data["results"]["level1/07_Argmax"]["wrong_iteration_index"]["status"] = "correct"  # Not as labelled.
+  path = tmp_path / "suite_results.json"
+  path.write_text(json.dumps(data))
+  return str(path), data
+
+
+def _records(path):
+  return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def test_export_with_results(tmp_path, results_file):
+  path, data = results_file
+  out = str(tmp_path / "corpus.jsonl")
+  counts = export_corpus.export(out, path, levels=[1])
+  recs = sft_data.read_corpus(out)  # The SFT reader accepts every line.
+  assert counts["single"] == 2 * 24
+  relu = [r for r in recs if r["task_id"] == "level1/01_ReLU"]
+  assert sorted(r["kind"] for r in relu) == ["fix_then_speed_up"] * 3 + ["fix_wrong"] * 3 + ["single"] * 2 + [
+      "speed_up"]
+  for r in recs:
+    parsed = prompts.parse_response(r["response"])
+    assert parsed.error == "" and parsed.reasoning.startswith("Okay,")
+    assert prompts.opens_as_expected(parsed.reasoning)
+    target = next(c for c in suite.load_suite([r["level"]]) if c.id == r["task_id"]).candidates()
+    target = {c.name: c for c in target}[r["target"]]
+    assert parsed.candidate_text == target.text and parsed.summary == target.summary
+    assert r["messages"][0]["role"] == "system" and r["messages"][1]["role"] == "user"
+    assert r["turn"] == len(r["attempts"]) + 1
+  fix = next(r for r in relu if r["kind"] == "fix_wrong" and r["attempts"] == ["wrong_boundary"])
+  user = fix["messages"][1]["content"]
+  fb = data["results"]["level1/01_ReLU"]["wrong_boundary"]["feedback"]
+  assert fb in user and "### Attempt 1" in user and "grid=(x.numel // 256,)" in user
+  assert "Incorrect: output 'out' does not match the reference" in fix["response"]
+  assert "rounds down" in fix["response"]  # The variant's bug, from meta.json.
+  speed = next(r for r in relu if r["kind"] == "speed_up")
+  assert "0.50x" in speed["response"] and "speedup 0.5x" in speed["messages"][1]["content"]
+  three = next(r for r in relu if r["kind"] == "fix_then_speed_up")
+  assert "### Attempt 2" in three["messages"][1]["content"] and three["target"] == "optimized"
+  elu = [r for r in recs if r["task_id"] == "level1/04_ELU" and r["attempts"] == ["wrong_undeclared"]]
+  assert elu and 'identifier "n4" is undefined' in elu[0]["messages"][1]["content"]
+  argmax = [r for r in recs if r["task_id"] == "level1/07_Argmax"]
+  assert not any("wrong_iteration_index" in r["attempts"] for r in argmax)  # Status != label: left out.
+  assert any(r["attempts"] == ["wrong_int32_out"] for r in argmax)
+  # Tasks without results get single-turn examples only.
+  swish = [r for r in recs if r["task_id"] == "level1/03_Swish"]
+  assert [r["kind"] for r in swish] == ["single", "single"]
+
+
+def test_export_without_results_is_single_turn(tmp_path, capsys):
+  out = str(tmp_path / "c.jsonl")
+  assert export_corpus.main(["--out", out, "--results", "", "--levels", "1"]) == 0
+  recs = _records(out)
+  assert len(recs) == 48 and {r["kind"] for r in recs} == {"single"}
+  assert "single-turn only" in capsys.readouterr().out
+  assert all(prompts.format_doc(with_example=True) in r["messages"][1]["content"] for r in recs)
+
+
+def test_export_split(tmp_path):
+  out_train, out_test = str(tmp_path / "tr.jsonl"), str(tmp_path / "te.jsonl")
+  export_corpus.export(out_train, None, split="train")
+  export_corpus.export(out_test, None, split="test")
+  train = {r["task_id"] for r in _records(out_train)}
+  test = {r["task_id"] for r in _records(out_test)}
+  assert train and test and not train & test
+  assert len(train | test) == len(suite.load_suite())
+
+
+def test_load_results_reads_verify_rows(tmp_path):
+  rows = {"results": [{"task_id": "level1/01_ReLU", "candidate": "naive",
+                       "result": {"status": "correct", "speedup": 0.9, "ref_time_ms": 0.6, "cand_time_ms": 0.66,
+                                  "feedback": "Correct."}}]}
+  p = tmp_path / "results.json"
+  p.write_text(json.dumps(rows))
+  assert export_corpus.load_results(str(p)) == {"level1/01_ReLU": {"naive": {
+      "status": "correct", "speedup": 0.9, "ref_time_ms": 0.6, "cand_time_ms": 0.66, "feedback": "Correct."}}}
