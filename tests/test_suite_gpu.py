@@ -1,0 +1,75 @@
+"""Suite verification: the GPU test (every labelled and degenerate candidate gets its label on a real GPU) and a
+CPU test of the same pipeline (experiments/verify_suite.py) with the evaluator's fake GPU worker.
+
+GPU host:  python -m pytest -q -m gpu tests/test_suite_gpu.py      (one H200: about 5 minutes)
+"""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from kevin_jax.kernels import suite
+from kevin_jax.kernels.evaluator import Evaluator, EvaluatorConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _verify_module():
+  spec = importlib.util.spec_from_file_location("verify_suite", os.path.join(ROOT, "experiments", "verify_suite.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.gpu
+def test_every_candidate_gets_its_label_on_the_gpu():
+  vs = _verify_module()
+  items = vs.build_items(suite.load_suite())
+  cfg = EvaluatorConfig(correctness_trials=5, timing_runs=5, warmup_runs=1)
+  with Evaluator(cfg, task_source="bundled") as ev:
+    rows = vs.run(ev, items)
+  bad = vs.mismatch_lines(rows)
+  assert not bad, "\n".join(bad)
+  for r in rows:
+    if r["kind"] == "solution":
+      assert r["result"]["speedup"] and r["result"]["ref_time_ms"], f"{r['task_id']}:{r['candidate']} not timed"
+
+
+def test_verify_pipeline_with_the_fake_worker(tmp_path, monkeypatch):
+  """The fake worker calls every candidate that compiles 'correct' at 2x: wrong variants that only fail on a GPU
+  must show up as mismatches; static labels (format/compile errors) come from the real static stage."""
+  vs = _verify_module()
+  tasks_ = [t for t in suite.load_suite([1]) if t.id in ("level1/04_ELU", "level1/07_Argmax")]
+  items = vs.build_items(tasks_)
+  assert len(items) == 5 + 4 + 6
+  with Evaluator(EvaluatorConfig(correctness_trials=1, timing_runs=2, compile_workers=2), task_source="bundled",
+                 _gpu_role="fake", _gpu_slots=1) as ev:
+    rows = vs.run(ev, items)
+  by = {(r["task_id"], r["candidate"]): r for r in rows}
+  assert by[("level1/04_ELU", "wrong_undeclared")]["status"] == "compile_error"
+  assert by[("level1/04_ELU", "wrong_undeclared")]["match"]
+  assert by[("level1/07_Argmax", "wrong_int32_out")]["status"] == "format_error"
+  assert by[("level1/04_ELU", "naive")]["match"] and by[("level1/04_ELU", "optimized")]["match"]
+  assert not by[("level1/04_ELU", "wrong_tail")]["match"]  # 'correct' from the fake worker: a mismatch.
+  assert not by[("level1/07_Argmax", "degenerate_zeros")]["match"]
+  info = vs.per_task(rows)
+  assert info["level1/04_ELU"]["best_speedup"] == 2.0 and info["level1/04_ELU"]["ref_time_ms"] == 1.0
+  table = vs.summary_table(rows, info)
+  assert "| level1/04_ELU | 1.000 | 2.00x | 2.00x | 1/3 as labelled | 0/3 fail |" in table
+  bad = vs.mismatch_lines(rows)
+  assert any("level1/04_ELU:wrong_tail expected incorrect, got correct" in b for b in bad)
+  # --update-meta: numbers into meta.json (captured here, not written) and the compact feedback file.
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"run": {"date": "d", "commit": "c", "device": "fake", "config": {}},
+                                 "tasks": info, "results": rows}))
+  written = {}
+  monkeypatch.setattr(suite, "write_meta", lambda path, meta: written.__setitem__(path, meta))
+  compact = tmp_path / "suite_results.json"
+  bench = vs.update_meta(str(results), str(compact))
+  elu_meta = next(m for p, m in written.items() if "04_ELU" in p)
+  assert elu_meta["ref_time_ms_h200"] == 1.0 and elu_meta["best_speedup_h200"] == 2.0
+  assert "| level1/04_ELU | elu | 1.000 | 2.00x | naive |" in bench
+  data = json.loads(compact.read_text())
+  assert data["results"]["level1/04_ELU"]["wrong_undeclared"]["feedback"].startswith("Compilation failed (NVRTC)")
