@@ -188,7 +188,7 @@ class BatchOrder:
   """Which examples form batch k (1-based optimizer step): see the module docstring."""
 
   def __init__(self, lengths: Sequence[int], batch_size: int, *, seed: int, length_group: int):
-    if not lengths:
+    if len(lengths) == 0:
       raise ValueError("no training examples")
     self.lengths = np.asarray(lengths)
     self.batch_size, self.seed, self.length_group = batch_size, seed, max(1, length_group)

@@ -1,0 +1,129 @@
+"""kevin_jax/rl/sft_data.py: corpus format, tokenization and masks, length limits, splits, batch order, errors."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from kevin_jax.kernels import tasks as tasks_lib
+from kevin_jax.policy.tokenizer import load_tokenizer
+from kevin_jax.rl import prompts
+from kevin_jax.rl import sft_data as D
+
+TASKS = ("level1/01_ReLU", "level1/03_Swish")
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return load_tokenizer()
+
+
+def fixture_records():
+  """Real first-turn prompts (build_messages) + format_response over two bundled tasks' solutions."""
+  specs = {s.id: s for s in tasks_lib.discover("bundled")}
+  recs = []
+  for tid in TASKS:
+    for kind in ("naive", "optimized"):
+      path = os.path.join(D.SOLUTIONS_DIR, tid, f"{kind}.md")
+      p = prompts.parse_response(open(path).read())
+      recs.append({"messages": prompts.build_messages(specs[tid].source), "task_id": tid, "kind": kind,
+                   "quality": "correct",
+                   "response": prompts.format_response("Okay, one thread per element.", p.candidate_text, p.summary)})
+  return recs
+
+
+def test_end_of_turn_is_im_end(tok):
+  assert D.end_of_turn_id(tok) == tok.hf.get_vocab()["<|im_end|>"] == 2
+
+
+def test_tokenize_prompt_target_and_masks(tok):
+  recs = fixture_records()
+  exs, st = D.tokenize(recs, tok, max_seq_len=8192, truncate=False)
+  assert (st.records, st.kept, st.dropped_too_long) == (4, 4, 0)
+  for rec, e in zip(recs, exs):
+    assert list(e.prompt_ids) == tok.encode_chat(rec["messages"], add_generation_prompt=True)
+    assert e.target_ids[-1] == 2 and tok.decode(e.target_ids[:-1]) == rec["response"]
+    assert prompts.parse_response(tok.decode(e.target_ids[:-1])).error == ""
+    assert e.task_id == rec["task_id"]
+  batch = D.make_batch(exs[:3], rows=4, buckets=(1024, 4096), pad_id=tok.pad_id)
+  assert batch.tokens_BxT.shape == (4, 4096)
+  for r, e in enumerate(exs[:3]):
+    p, n = len(e.prompt_ids), e.length
+    np.testing.assert_array_equal(batch.tokens_BxT[r, :n], e.prompt_ids + e.target_ids)
+    assert batch.attn_mask_BxT[r].sum() == n and batch.attn_mask_BxT[r, :n].all()
+    np.testing.assert_array_equal(np.nonzero(batch.loss_mask_BxT[r])[0], np.arange(p, n))
+  assert batch.attn_mask_BxT[3].sum() == 1 and batch.loss_mask_BxT[3].sum() == 0  # Padding row.
+
+
+def test_length_limit_drops_or_truncates(tok):
+  recs = fixture_records()
+  full, _ = D.tokenize(recs, tok, max_seq_len=8192, truncate=False)
+  limit = sorted(e.length for e in full)[1]  # Two examples fit, two do not.
+  kept, st = D.tokenize(recs, tok, max_seq_len=limit, truncate=False)
+  assert (st.kept, st.dropped_too_long, st.longest) == (2, 2, max(e.length for e in full))
+  cut, st = D.tokenize(recs, tok, max_seq_len=limit, truncate=True)
+  assert (st.kept, st.truncated) == (4, 2) and max(e.length for e in cut) == limit
+  shortest_prompt = min(len(e.prompt_ids) for e in full)
+  _, st = D.tokenize(recs, tok, max_seq_len=shortest_prompt, truncate=True)
+  assert st.kept == 0 and st.dropped_too_long == 4  # No room for any response: dropped, even when truncating.
+
+
+def test_bundled_corpus_mixes_correct_and_wrong():
+  specs = {s.id: s.source for s in tasks_lib.discover("bundled") if s.id in TASKS}
+  recs = D.bundled_corpus(specs)
+  kinds = {(r["task_id"], r["kind"]) for r in recs}
+  assert ("level1/01_ReLU", "naive") in kinds and ("level1/01_ReLU", "wrong_tail") in kinds
+  assert {r["quality"] for r in recs} == {"correct", "incorrect"}
+  assert len(recs) == sum(len([f for f in os.listdir(os.path.join(D.SOLUTIONS_DIR, t)) if f.endswith(".md")])
+                          for t in TASKS)
+  for r in recs:
+    p = prompts.parse_response(r["response"])
+    assert p.error == "" and p.reasoning.startswith("Okay,") and "```plan" in p.candidate_text
+
+
+def test_split_keeps_test_tasks_out_of_training():
+  exs = [D.Example((1,), (2, 3), f"t{i % 4}", "") for i in range(40)]
+  train, evals, held = D.split(exs, test_task_ids={"t3"}, exclude_test_tasks=True, eval_fraction=0.1, seed=0)
+  assert len(held) == 10 and {e.task_id for e in held} == {"t3"}
+  assert len(evals) == 3 and len(train) == 27 and not {e.task_id for e in train + evals} & {"t3"}
+  train2, evals2, held2 = D.split(exs, test_task_ids={"t3"}, exclude_test_tasks=False, eval_fraction=0.1, seed=0)
+  assert not held2 and len(evals2) == 4 and len(train2) == 36
+
+
+def test_batch_order_is_a_pure_function_of_step():
+  lengths = np.random.default_rng(0).integers(10, 1000, 24)
+  a = D.BatchOrder(lengths, 6, seed=3, length_group=2)
+  b = D.BatchOrder(lengths, 6, seed=3, length_group=2)
+  epoch1 = [a.indices(k) for k in range(1, 5)]
+  assert sorted(np.concatenate(epoch1).tolist()) == list(range(24))  # Each example once per epoch.
+  for k in (7, 2, 5):  # Any order of queries (a resumed run starts mid-stream).
+    np.testing.assert_array_equal(b.indices(k), a.indices(k))
+  assert not np.array_equal(a.indices(5), a.indices(1))
+  # One sorting window per epoch: batches hold disjoint length ranges (minimal padding).
+  whole = D.BatchOrder(lengths, 6, seed=3, length_group=4)
+  ranges = sorted((lengths[whole.indices(k)].min(), lengths[whole.indices(k)].max()) for k in range(1, 5))
+  assert all(hi <= lo_next for (_, hi), (lo_next, _) in zip(ranges, ranges[1:]))
+  mixed = D.BatchOrder(lengths, 6, seed=3, length_group=1)
+  ranges = sorted((lengths[mixed.indices(k)].min(), lengths[mixed.indices(k)].max()) for k in range(1, 5))
+  assert not all(hi <= lo_next for (_, hi), (lo_next, _) in zip(ranges, ranges[1:]))
+  odd = D.BatchOrder(lengths[:7], 4, seed=0, length_group=1)  # 7 examples -> 2 full batches per epoch.
+  assert odd.batches_per_epoch == 2 and set(np.concatenate([odd.indices(1), odd.indices(2)])) == set(range(7))
+
+
+def test_corpus_errors(tmp_path):
+  with pytest.raises(D.CorpusError, match="does not exist"):
+    D.read_corpus(str(tmp_path / "nope.jsonl"))
+  (tmp_path / "empty.jsonl").write_text("\n\n")
+  with pytest.raises(D.CorpusError, match="holds no examples"):
+    D.read_corpus(str(tmp_path / "empty.jsonl"))
+  good = {"messages": [{"role": "user", "content": "x"}], "response": "y"}
+  (tmp_path / "bad.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({"messages": [], "response": "y"}) + "\n")
+  with pytest.raises(D.CorpusError, match=r"bad.jsonl:2: 'messages'"):
+    D.read_corpus(str(tmp_path / "bad.jsonl"))
+  (tmp_path / "bad2.jsonl").write_text(json.dumps({"messages": good["messages"]}) + "\n")
+  with pytest.raises(D.CorpusError, match=r"bad2.jsonl:1: 'response'"):
+    D.read_corpus(str(tmp_path / "bad2.jsonl"))
+  (tmp_path / "bad3.jsonl").write_text("{not json\n")
+  with pytest.raises(D.CorpusError, match=r"bad3.jsonl:1: not JSON"):
+    D.read_corpus(str(tmp_path / "bad3.jsonl"))
