@@ -41,6 +41,13 @@ def test_meta_schema(task_id):
   assert suite.meta_problems(task) == []
 
 
+def test_meta_files_are_canonically_formatted():
+  """verify_suite --update-meta rewrites meta.json with format_meta: one format keeps those diffs small."""
+  for t in SUITE:
+    with open(t.meta_path, encoding="utf-8") as f:
+      assert f.read() == suite.format_meta(t.meta), f"{t.meta_path}: rewrite it with suite.write_meta"
+
+
 def test_meta_format_round_trips():
   """verify_suite --update-meta rewrites meta.json with format_meta: it must keep every value."""
   import json  # pylint: disable=g-import-not-at-top
