@@ -13,6 +13,7 @@ import pytest
 
 from configs import multiturn
 from kevin_jax.kernels import static, suite, tasks
+from kevin_jax.kernels.taskinfo import DISTRIBUTIONS
 
 SUITE = suite.load_suite()
 IDS = [t.id for t in SUITE]
@@ -80,6 +81,8 @@ def test_task_sizes_follow_the_conventions(infos):
     dims = [d for i in info.inputs if i["kind"] == "tensor" for d in i["shape"]]
     dims += [d for o in info.outputs for d in o["shape"]]
     assert any(d % 32 for d in dims if d > 1), f"{t.id}: every dimension is a multiple of 32"
+    dists = info.options.get("input_distributions")
+    assert dists is None or (dists[0] == "task" and set(dists) <= set(DISTRIBUTIONS)), f"{t.id}: {dists}"
     float_outs = [o["dtype"] for o in info.outputs if o["dtype"].startswith(("float", "bfloat"))]
     assert all(d == "float32" for d in float_outs), f"{t.id}: outputs {float_outs} (the suite is fp32)"
 
