@@ -91,6 +91,7 @@ def jax_worker(args) -> dict:
   model = nnx.jit(lambda: Qwen2(cfg, rngs=nnx.Rngs(args.seed)))()  # random init on device
   jax.block_until_ready(nnx.state(model))
   out["init_s"] = time.perf_counter() - t
+  print(f"[jax] random init of {cfg.num_params() / 1e6:.0f}M params in {out['init_s']:.1f}s", flush=True)
   out["num_params"] = cfg.num_params()
   if args.weights_dir:
     t = time.perf_counter()
