@@ -153,13 +153,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # --- Supervised warm start (mode=sft, configs/sft.py, kevin_jax/sft.py): cross-entropy on response tokens. ---
   c.sft = ml_collections.ConfigDict()
-  c.sft.corpus = ""  # JSONL corpus, one {"messages": [...], "response": "..."} per line; '' = bundled solutions.
+  c.sft.corpus = ""  # JSONL, one {"messages": [...], "response": "..."} per line; '' = the bundled suite's
+  #   corpus (kevin_jax/data/export_corpus.py: single-turn + feedback episodes if data/suite_results.json exists).
   c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).
   c.sft.steps = 0  # Optimizer steps; 0 = ceil(epochs * training examples / batch_size).
-  c.sft.batch_size = 32  # Sequences per optimizer step, global (a multiple of micro_batch_size x data-parallel).
+  c.sft.batch_size = 16  # Sequences per optimizer step, global (a multiple of micro_batch_size x data-parallel);
+  #   small, so a corpus of a few hundred examples still gives ~20 updates per epoch.
   c.sft.micro_batch_size = 8  # Sequences per device per gradient-accumulation micro-batch (memory, not math).
   c.sft.learning_rate = 5e-4  # Peak LR. From-scratch LMs of 14-70M params train at ~1e-3 with 2M-token batches
-  #   (Pythia); our ~80k-token batches are noisier, so half that (RL's 2e-6 would barely move random weights).
+  #   (Pythia); our ~50k-token batches are noisier, so half that (RL's 2e-6 would barely move random weights).
   c.sft.warmup_ratio = 0.05  # Share of steps with linear warmup.
   c.sft.final_lr_ratio = 0.1  # Cosine decay from the peak to this share of it at the last step.
   c.sft.b2 = 0.95  # Adam beta2 (LM-pretraining value, steadier at high LR than 0.999); beta1, eps: optimizer.*.

@@ -5,7 +5,8 @@
 
 Trains config.policy (the embedded 'small' preset with the bundled tokenizer and random init by default, or
 config.init_from / policy.checkpoint) with token-level cross-entropy on the response tokens of a JSONL corpus
-(kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the bundled suite's solutions).
+(kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the bundled suite's corpus from
+kevin_jax/data/export_corpus.py).
 The step (kevin_jax/rl/sft_step.py) reuses the GRPO learner's state layout, shardings, master weights and
 chunked log-probs, jitted once per (batch, length bucket).
 
@@ -67,8 +68,9 @@ def load_data(config, tokenizer) -> Data:
     if s.corpus:
       records, source = sft_data.read_corpus(s.corpus), s.corpus
     else:
-      _, sources = runtime.load_tasks(config, "all")
-      records, source = sft_data.bundled_corpus(sources), f"bundled solutions of {config.tasks.source!r}"
+      specs, _ = runtime.load_tasks(config, "all")
+      records = sft_data.bundled_corpus(s.id for s in specs)
+      source = "the bundled suite (kevin_jax/data/export_corpus.py)"
       if not records:
         raise sft_data.CorpusError(f"task source {config.tasks.source!r} has no bundled solutions to build a "
                                    "corpus from; give one with --config.sft.corpus=FILE.jsonl")
@@ -192,6 +194,9 @@ def export_hf(policy: runtime.Policy, params, directory: str) -> None:
 def run(config, workdir: str) -> None:
   """mode=sft (module docstring)."""
   s = config.sft
+  if config.policy.attention_impl == "cudnn" and jax.default_backend() != "gpu":
+    raise SystemExit(f"error: policy.attention_impl=cudnn needs a GPU (JAX backend: {jax.default_backend()}); "
+                     "use --config.policy.attention_impl=xla, or configs/sft.py:runlocal for a CPU smoke run")
   policy = runtime.build_policy(config)
   data = load_data(config, policy.tokenizer)
   steps = total_steps(config, len(data.train))

@@ -18,6 +18,7 @@ from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
 from kevin_jax import sft
+from kevin_jax.kernels import suite
 from kevin_jax.policy.tokenizer import load_tokenizer
 from kevin_jax.policy.weights import load_pretrained
 from kevin_jax.rl import prompts
@@ -35,7 +36,7 @@ def write_corpus(path, max_response_tokens=260):
   tok = load_tokenizer()
   lines = []
   for tid in TASKS:
-    d = os.path.join(sft_data.SOLUTIONS_DIR, tid)
+    d = os.path.join(suite.SOLUTIONS_DIR, tid)
     for fn in sorted(os.listdir(d)):
       if not fn.endswith(".md"):
         continue

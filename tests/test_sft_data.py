@@ -6,6 +6,8 @@ import os
 import numpy as np
 import pytest
 
+from kevin_jax.data import export_corpus
+from kevin_jax.kernels import suite
 from kevin_jax.kernels import tasks as tasks_lib
 from kevin_jax.policy.tokenizer import load_tokenizer
 from kevin_jax.rl import prompts
@@ -25,7 +27,7 @@ def fixture_records():
   recs = []
   for tid in TASKS:
     for kind in ("naive", "optimized"):
-      path = os.path.join(D.SOLUTIONS_DIR, tid, f"{kind}.md")
+      path = os.path.join(suite.SOLUTIONS_DIR, tid, f"{kind}.md")
       p = prompts.parse_response(open(path).read())
       recs.append({"messages": prompts.build_messages(specs[tid].source), "task_id": tid, "kind": kind,
                    "quality": "correct",
@@ -69,14 +71,16 @@ def test_length_limit_drops_or_truncates(tok):
   assert st.kept == 0 and st.dropped_too_long == 4  # No room for any response: dropped, even when truncating.
 
 
-def test_bundled_corpus_mixes_correct_and_wrong():
-  specs = {s.id: s.source for s in tasks_lib.discover("bundled") if s.id in TASKS}
-  recs = D.bundled_corpus(specs)
-  kinds = {(r["task_id"], r["kind"]) for r in recs}
-  assert ("level1/01_ReLU", "naive") in kinds and ("level1/01_ReLU", "wrong_tail") in kinds
-  assert {r["quality"] for r in recs} == {"correct", "incorrect"}
-  assert len(recs) == sum(len([f for f in os.listdir(os.path.join(D.SOLUTIONS_DIR, t)) if f.endswith(".md")])
-                          for t in TASKS)
+def test_bundled_corpus_is_the_exporters():
+  sources = {s.id: s.source for s in tasks_lib.discover("bundled")}
+  recs = D.bundled_corpus(TASKS + ("level9/not_a_task",))
+  assert {r["task_id"] for r in recs} == set(TASKS)
+  singles = [r for r in recs if r["kind"] == "single"]
+  assert sorted((r["task_id"], r["target"]) for r in singles) == sorted(
+      (t, k) for t in TASKS for k in ("naive", "optimized"))
+  assert {r["kind"] for r in recs} <= set(export_corpus.KINDS)  # Multi-turn kinds once suite_results.json exists.
+  for r in singles:
+    assert r["messages"] == prompts.build_messages(sources[r["task_id"]])
   for r in recs:
     p = prompts.parse_response(r["response"])
     assert p.error == "" and p.reasoning.startswith("Okay,") and "```plan" in p.candidate_text

@@ -6,8 +6,9 @@ Corpus: JSONL, one example per line:
    ...optional fields: "task_id", "kind", "quality", ... (kept for splitting and logs)}
 Prompt = tokenizer.encode_chat(messages, add_generation_prompt=True) (exactly what the sampler is given);
 target = tokenizer.encode(response) + [end-of-turn id] (<|im_end|> in Qwen templates), so the policy learns to
-stop. Only target tokens carry loss. Without a corpus file the bundled suite's solutions are turned into
-single-turn examples (`bundled_corpus`).
+stop. Only target tokens carry loss. Without a corpus file the bundled suite's corpus is built in memory
+by kevin_jax/data/export_corpus.py (`bundled_corpus`), the same records `python -m kevin_jax.data.export_corpus`
+writes.
 
 Batch order: epoch e is a permutation drawn from (seed, e), topped up to a multiple of the batch size, sorted by
 length within windows of `length_group` batches (less padding), cut into batches whose order is shuffled.
@@ -17,7 +18,6 @@ Batch k of the run is a pure function of (seed, k), so a resumed run sees exactl
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -27,9 +27,6 @@ import numpy as np
 
 from kevin_jax.rl import prompts
 from kevin_jax.rl.sft_step import SFTBatch
-
-SOLUTIONS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "solutions")
-
 
 class CorpusError(ValueError):
   """The corpus is missing, empty or malformed (message names the file and line)."""
@@ -79,32 +76,22 @@ def _validate(rec: Any, where: str) -> None:
     raise CorpusError(f"{where}: 'response' must be a non-empty string")
 
 
-def bundled_corpus(task_sources: dict[str, str]) -> list[dict[str, Any]]:
-  """Single-turn examples from the bundled solutions of the given tasks ({task id: source}).
+def bundled_corpus(task_ids: Iterable[str]) -> list[dict[str, Any]]:
+  """The bundled suite's corpus for the given task ids, built by kevin_jax/data/export_corpus.py in memory.
 
-  Every solution file (naive, optimized and the known-wrong variants: the starting policy should be a mixture)
-  becomes one response: a short reasoning built from the task's meta.json description, the candidate blocks and
-  the file's Summary line. Tasks without a solutions directory are skipped.
+  Single-turn examples (naive and optimized solutions) for every task, plus multi-turn fix / speed-up episodes
+  with real evaluator feedback when kevin_jax/data/suite_results.json (an H200 verification run) exists.
+  Task ids outside the bundled suite contribute nothing.
   """
+  from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
+  from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
+  results_path = export_corpus.DEFAULT_RESULTS
+  results = export_corpus.load_results(results_path) if os.path.isfile(results_path) else None
+  wanted = set(task_ids)
   records = []
-  for task_id, source in sorted(task_sources.items()):
-    d = os.path.join(SOLUTIONS_DIR, task_id)
-    meta_path = os.path.join(d, "meta.json")
-    if not os.path.isfile(meta_path):
-      continue
-    with open(meta_path, encoding="utf-8") as f:
-      meta = json.load(f)
-    messages = prompts.build_messages(source)
-    for path in sorted(glob.glob(os.path.join(d, "*.md"))):
-      kind = os.path.splitext(os.path.basename(path))[0]
-      with open(path, encoding="utf-8") as f:
-        parsed = prompts.parse_response(f.read())
-      if parsed.error:
-        raise CorpusError(f"bundled solution {path} does not parse: {parsed.error}")
-      reasoning = f"{prompts.EXPECTED_OPENING} the task: {meta.get('description', '').strip()}"
-      response = prompts.format_response(reasoning, parsed.candidate_text, parsed.summary)
-      records.append({"messages": messages, "response": response, "task_id": task_id, "kind": kind,
-                      "quality": meta.get("solutions", {}).get(kind, {}).get("expect", "")})
+  for task in suite.load_suite():
+    if task.id in wanted:
+      records += export_corpus.examples_for_task(task, None if results is None else results.get(task.id, {}))[0]
   return records
 
 
