@@ -181,6 +181,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.sample_max_new_tokens = 1024  # Response budget of those greedy samples, tokens.
   c.sft.checkpoint_every_steps = 100  # Orbax save every N steps (and at the last step).
   c.sft.export_hf = True  # At the end, also write workdir/hf (HF safetensors + tokenizer files).
+  c.sft.before_rl = True  # mode=train from random init (no init_from / policy.checkpoint / RL checkpoint): run
+  #   this warm start into workdir/sft first (kevin_jax.sft.warm_start) and start RL from workdir/sft/hf.
 
   # --- Mesh: all partitioning rules live in kevin_jax/sharding.py. ---
   c.mesh = ml_collections.ConfigDict()

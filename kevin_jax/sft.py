@@ -191,6 +191,22 @@ def export_hf(policy: runtime.Policy, params, directory: str) -> None:
   logging.info("exported the policy to %s", directory)
 
 
+def warm_start(config, sft_workdir: str) -> str:
+  """Runs the warm start into sft_workdir (resumes it; a finished one only re-exports a missing HF directory)
+  and returns the HF directory to start RL from (config.init_from). For the RL job's first start.
+
+  `config` may be the RL config: its sft, policy, sampler and tasks sections are used. On a GPU with bf16
+  compute the copy used here switches to cuDNN attention (XLA attention's [B, N, T, T] scores would dominate
+  memory and time at SFT lengths).
+  """
+  c = config.copy_and_resolve_references()
+  c.mode = "sft"
+  if jax.default_backend() == "gpu" and c.policy.compute_dtype != "float32":
+    c.policy.attention_impl = "cudnn"
+  run(c, sft_workdir)
+  return os.path.join(sft_workdir, "hf") if c.sft.export_hf else sft_workdir
+
+
 def run(config, workdir: str) -> None:
   """mode=sft (module docstring)."""
   s = config.sft

@@ -170,3 +170,17 @@ def test_bad_corpora_are_clear_errors(tmp_path, corpus):
     sft.run(c, str(tmp_path / "w3"))
   for w in ("w1", "w2", "w3"):
     assert not os.path.exists(tmp_path / w / "checkpoints")
+
+
+def test_warm_start_runs_once_then_reuses(tmp_path, corpus):
+  c = make_config(corpus, steps=2)
+  c.mode = "train"  # The RL job's config calls it.
+  c.sft.eval_every_steps = 0
+  hf = sft.warm_start(c, str(tmp_path / "sft"))
+  assert hf == str(tmp_path / "sft" / "hf") and runtime.is_hf_checkpoint(hf)
+  stamp = os.path.getmtime(os.path.join(hf, "model.safetensors"))
+  lines = open(tmp_path / "sft" / "metrics.jsonl").read().count("\n")
+  assert lines == 2
+  assert sft.warm_start(c, str(tmp_path / "sft")) == hf  # Finished: nothing retrained or rewritten.
+  assert open(tmp_path / "sft" / "metrics.jsonl").read().count("\n") == lines
+  assert os.path.getmtime(os.path.join(hf, "model.safetensors")) == stamp
