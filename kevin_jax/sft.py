@@ -217,11 +217,6 @@ def run(config, workdir: str) -> None:
   data = load_data(config, policy.tokenizer)
   steps = total_steps(config, len(data.train))
   policy, sft_step = build_sft(config, policy, steps)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=1, sort_keys=True))
-  with open(os.path.join(workdir, "sft_data.json"), "w", encoding="utf-8") as f:
-    json.dump(dict(data.summary, digest=data.digest, total_steps=steps), f, indent=1)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   start = ckpt.latest_step() or 0
   if start:
@@ -229,10 +224,17 @@ def run(config, workdir: str) -> None:
     if restored.sampler_state.get("corpus_sha256") != data.digest:
       ckpt.close()
       raise SystemExit(f"error: {workdir} was trained on another corpus (digest differs); use a new workdir")
+    if restored.sampler_state.get("total_steps") != steps:
+      logging.warning("sft: total steps changed from %s to %d: the LR schedule after step %d differs from the "
+                      "original run's", restored.sampler_state.get("total_steps"), steps, start)
     state = restored.state
     logging.info("resuming %s from step %d of %d", workdir, start, steps)
   else:
     state = runtime.initial_state(config, policy, jax.random.key(config.seed))
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=1, sort_keys=True))
+  with open(os.path.join(workdir, "sft_data.json"), "w", encoding="utf-8") as f:
+    json.dump(dict(data.summary, digest=data.digest, total_steps=steps), f, indent=1)
   order = sft_data.BatchOrder([e.length for e in data.train], s.batch_size, seed=config.seed,
                               length_group=s.length_group)
   evaluator = Evaluator(config, policy, sft_step, data, workdir)

@@ -156,7 +156,7 @@ def test_hf_export_loads_back_and_feeds_rl(full_run, corpus):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_bad_corpora_are_clear_errors(tmp_path, corpus):
+def test_bad_corpora_are_clear_errors(tmp_path, corpus, full_run):
   c = make_config(tmp_path / "missing.jsonl")
   with pytest.raises(SystemExit, match="does not exist"):
     sft.run(c, str(tmp_path / "w1"))
@@ -170,6 +170,12 @@ def test_bad_corpora_are_clear_errors(tmp_path, corpus):
     sft.run(c, str(tmp_path / "w3"))
   for w in ("w1", "w2", "w3"):
     assert not os.path.exists(tmp_path / w / "checkpoints")
+  other = tmp_path / "other.jsonl"
+  other.write_text("".join(open(corpus).readlines()[:-1]))  # One example fewer.
+  before = open(full_run / "sft_data.json").read()
+  with pytest.raises(SystemExit, match="trained on another corpus"):
+    sft.run(make_config(other), str(full_run))
+  assert open(full_run / "sft_data.json").read() == before
 
 
 def test_warm_start_runs_once_then_reuses(tmp_path, corpus):
