@@ -40,7 +40,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.temperature = 0.9  # Softmax temperature, train and eval [P §1 "Sampling"].
   c.sampler.top_p = 1.0  # Nucleus mass (1.0 = off).
   c.sampler.top_k = 0  # Top-k (0 = off).
-  c.sampler.max_new_tokens = 1024  # Response budget per turn, tokens. Paper: 16384, 22528 after step 30 [P §1].
+  c.sampler.max_new_tokens = 2048  # Response budget per turn, tokens (warm-start targets reach ~2.8k). Paper: 16384, 22528 after step 30 [P §1].
   c.sampler.batch_size = 64  # Sequences decoded together, per generate call.
   c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
@@ -64,7 +64,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.epsilon_low = 0.2  # PPO clip below 1 [P §1: Clip-Higher 0.2/0.28].
   c.rl.epsilon_high = 0.28  # PPO clip above 1 (DAPO Clip-Higher) [P §1].
   c.rl.loss_agg = "constant"  # token_mean | seq_mean | constant (sum / loss_constant, Dr. GRPO) [P §3].
-  c.rl.loss_constant = 1024.0  # Divisor for loss_agg=constant, tokens (Dr. GRPO: max response length).
+  c.rl.loss_constant = 2048.0  # Divisor for loss_agg=constant, tokens (Dr. GRPO: max response length).
   c.rl.kl_beta = 0.0  # KL-to-reference weight; paper uses 0 [P §1 "KL penalty"].
   c.rl.kl_estimator = "k3"  # k1 | k3 (Schulman) KL estimator, used only when kl_beta > 0.
   c.rl.updates_per_batch = 2  # Optimizer steps per rollout batch (on-/off-policy pair) [P §1].

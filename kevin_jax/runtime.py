@@ -132,12 +132,11 @@ def load_params(src: str, policy: Policy):
                    "Orbax run directory (checkpoints/<step>/)")
 
 
-def initial_state(config, policy: Policy, key: jax.Array) -> TrainState:
-  """Fresh training state from config.init_from / policy.checkpoint (Orbax run or HF directory) or random init.
-
-  The optimizer state is always fresh; only parameters come from the source.
+def initial_state(config, policy: Policy, key: jax.Array, src: str | None = None) -> TrainState:
+  """Fresh training state from `src` (default config.init_from / policy.checkpoint; an Orbax run or an HF
+  directory) or random init. The optimizer state is always fresh; only parameters come from the source.
   """
-  src = config.init_from or config.policy.checkpoint
+  src = src or config.init_from or config.policy.checkpoint
   if not src:
     return policy.learner.init_state(key)
   return policy.learner.state_from_params(load_params(src, policy))

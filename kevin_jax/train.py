@@ -111,7 +111,13 @@ def run(config, workdir: str) -> None:
     logging.info("resuming %s from step %d", workdir, start)
   else:
     start = 0
-    state = runtime.initial_state(config, policy, rng)
+    src = None
+    if config.sft.before_rl and not (config.init_from or config.policy.checkpoint):
+      # The embedded default: warm-start the random policy on the suite's corpus first (issue 8), before any
+      # evaluator worker takes GPU memory. Resumable; a finished warm start is reused.
+      from kevin_jax import sft  # pylint: disable=g-import-not-at-top
+      src = sft.warm_start(config, os.path.join(workdir, "sft"))
+    state = runtime.initial_state(config, policy, rng, src=src)
   _write_config(workdir, config)
   if start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)

@@ -32,6 +32,7 @@ def _config(total_steps=2):
   c.sampler.max_new_tokens = 16
   c.logging.tensorboard = False
   c.mesh.axes = (("fsdp", -1), ("tensor", 2))  # 4 x 2 over the 8 fake devices: FSDP and tensor parallel.
+  c.sft.before_rl = False  # The warm start has its own tests (tests/test_sft.py); see test_warm_start_first.
   return c
 
 
@@ -105,3 +106,18 @@ def test_bad_task_source_and_checkpoint_are_clear_errors(tmp_path):
   c.init_from = str(tmp_path / "missing_ckpt")
   with pytest.raises(SystemExit, match="does not exist"):
     train.run(c, str(tmp_path / "w2"))
+
+
+def test_warm_start_runs_first_from_scratch_only(tmp_path, monkeypatch):
+  """From random init, mode=train runs the SFT warm start into workdir/sft and starts RL from its export."""
+  from kevin_jax import sft  # pylint: disable=g-import-not-at-top
+  calls, srcs = [], []
+  monkeypatch.setattr(sft, "warm_start", lambda config, d: calls.append(d) or "/exported/hf")
+  monkeypatch.setattr(runtime, "initial_state", lambda config, policy, key, src=None: srcs.append(src))
+  c = _config(total_steps=0)
+  c.sft.before_rl = True
+  train.run(c, str(tmp_path / "w"))
+  assert calls == [str(tmp_path / "w" / "sft")] and srcs == ["/exported/hf"]
+  c.init_from = "/some/other/weights"  # An explicit start point skips the warm start.
+  train.run(c, str(tmp_path / "w2"))
+  assert len(calls) == 1 and srcs[-1] is None
