@@ -52,12 +52,11 @@ def matches(c: suite.SuiteCandidate, status: str) -> bool:
   return status != "correct" if c.kind == "degenerate" else status == c.expect
 
 
-def run(ev, items: list[suite.SuiteCandidate], log_every_s: float = 20.0) -> list[dict]:
+def run(ev, items: list[suite.SuiteCandidate]) -> list[dict]:
   """Evaluates the items (in one batch: compilation overlaps GPU work) and pairs each result with its label."""
   t0 = time.monotonic()
   logging.info("evaluating %d candidates of %d tasks", len(items), len({c.task_id for c in items}))
-  results = ev.evaluate([(c.task_id, c.text) for c in items])
-  del log_every_s
+  results = ev.evaluate([(c.task_id, c.text) for c in items])  # Logs progress every 30 s.
   rows = []
   for c, r in zip(items, results):
     rows.append({"task_id": c.task_id, "candidate": c.name, "kind": c.kind, "expect": c.expect, "bug": c.bug,
