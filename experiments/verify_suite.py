@@ -13,9 +13,9 @@ variants (must get exactly their labelled status) and the three degenerate candi
   benchmarks.md  the BENCHMARKS.md-ready table (task, ops, reference ms on this GPU, best speedup)
 It prints the per-task table last and exits 1 if any label is not met.
 
---update-meta RESULTS.json copies ref_time_ms_h200 / best_speedup_h200 into each task's meta.json, writes the
-compact feedback corpus kevin_jax/data/suite_results.json (the warm-start corpus export reads it) and prints the
-BENCHMARKS.md table.
+--update-meta RESULTS.json copies ref_time_ms_h200 / best_speedup_h200 into each task's meta.json, merges the
+run's candidates (status, timings, feedback) into kevin_jax/data/suite_results.json (a run over some tasks
+replaces only those tasks; the warm-start corpus export reads the file) and prints the BENCHMARKS.md table.
 """
 
 from __future__ import annotations
@@ -150,7 +150,16 @@ def update_meta(results_path: str, suite_results_path: str = SUITE_RESULTS) -> s
     meta["ref_time_ms_h200"] = round(d["ref_time_ms"], 4) if d["ref_time_ms"] else None
     meta["best_speedup_h200"] = round(d["best_speedup"], 3) if d["best_speedup"] else None
     suite.write_meta(task.meta_path, meta)
-  compact = {"source": {k: res["run"].get(k) for k in ("date", "commit", "device", "config")}, "results": {}}
+  # Merge: a run over some tasks (--tasks) replaces those tasks' entries and keeps the others'.
+  compact = {"results": {}}
+  if os.path.isfile(suite_results_path):
+    with open(suite_results_path, encoding="utf-8") as f:
+      compact = json.load(f)
+  source = {k: res["run"].get(k) for k in ("date", "commit", "device", "config")}
+  for tid in {row["task_id"] for row in res["results"]}:
+    compact["results"][tid] = {}
+    compact.setdefault("task_sources", {})[tid] = source
+  compact["source"] = source
   for row in res["results"]:
     r = row["result"]
     compact["results"].setdefault(row["task_id"], {})[row["candidate"]] = {

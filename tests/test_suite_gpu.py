@@ -73,3 +73,13 @@ def test_verify_pipeline_with_the_fake_worker(tmp_path, monkeypatch):
   assert "| level1/04_ELU | elu | 1.000 | 2.00x | naive |" in bench
   data = json.loads(compact.read_text())
   assert data["results"]["level1/04_ELU"]["wrong_undeclared"]["feedback"].startswith("Compilation failed (NVRTC)")
+  # A later run over one task replaces that task's entries and keeps the others.
+  res = json.loads(results.read_text())
+  res["results"] = [r for r in res["results"] if r["task_id"] == "level1/07_Argmax"]
+  res["results"][0]["result"]["feedback"] = "new text"
+  res["tasks"] = {"level1/07_Argmax": res["tasks"]["level1/07_Argmax"]}
+  results.write_text(json.dumps(res))
+  vs.update_meta(str(results), str(compact))
+  data = json.loads(compact.read_text())
+  assert data["results"]["level1/07_Argmax"]["naive"]["feedback"] == "new text"
+  assert "wrong_undeclared" in data["results"]["level1/04_ELU"]
