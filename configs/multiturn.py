@@ -33,7 +33,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.param_dtype = "bfloat16"  # Parameter storage dtype: bfloat16 | float32.
   c.policy.compute_dtype = "bfloat16"  # Matmul/activation dtype; norms, softmax and logits stay fp32.
   c.policy.remat = "none"  # Per-layer rematerialisation: none | full | dots (save matmul outputs only).
-  c.policy.attention_impl = "xla"  # Multi-token attention: xla (einsum, any backend) | cudnn (flash, GPU bf16).
+  c.policy.attention_impl = "auto"  # Multi-token attention: auto (cudnn on a GPU in bf16, else xla) | xla | cudnn.
 
   # --- Sampler: the jitted KV-cache generator. ---
   c.sampler = ml_collections.ConfigDict()

@@ -17,7 +17,7 @@ from flax import nnx
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import sharding
 from kevin_jax.kernels import tasks as tasks_lib
-from kevin_jax.policy.config import ModelConfig, get_preset
+from kevin_jax.policy.config import ModelConfig, get_preset, resolve_attention_impl
 from kevin_jax.policy.sampler import Sampler, SamplerConfig
 from kevin_jax.policy.tokenizer import Tokenizer, load_tokenizer
 from kevin_jax.rl import prompts
@@ -85,7 +85,7 @@ def model_config(config, tokenizer: Tokenizer) -> ModelConfig:
   """The policy's ModelConfig: from the HF checkpoint's config.json, else the named preset."""
   p = config.policy
   runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat,
-                 attention_impl=p.attention_impl)
+                 attention_impl=resolve_attention_impl(p.attention_impl, p.compute_dtype))
   if p.checkpoint:
     return ModelConfig.from_hf_config(p.checkpoint, **runtime)
   cfg = get_preset(p.preset, **runtime)

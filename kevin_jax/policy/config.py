@@ -220,6 +220,18 @@ _PRESETS: dict[str, dict[str, Any]] = {
 PRESETS = tuple(_PRESETS)
 
 
+def resolve_attention_impl(impl: str, compute_dtype: str) -> str:
+  """'auto' -> 'cudnn' (flash attention) when JAX runs on a GPU in bf16/fp16, else 'xla'; other values pass.
+
+  XLA's attention materialises [B, N, T, T] fp32 scores: at RL/SFT lengths (4-6k tokens) that is tens of GiB
+  per micro-batch on the GPU (an RL step ran out of memory this way on the H200, 2026-11-29).
+  """
+  if impl != "auto":
+    return impl
+  import jax  # pylint: disable=g-import-not-at-top
+  return "cudnn" if jax.default_backend() == "gpu" and compute_dtype in ("bfloat16", "float16") else "xla"
+
+
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
   """A named shape preset: tiny | small | qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | qwq-32b.
 

@@ -56,7 +56,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from kevin_jax import sharding
-from kevin_jax.policy.config import ModelConfig, get_preset
+from kevin_jax.policy.config import ModelConfig, get_preset, resolve_attention_impl
 from kevin_jax.policy.model import Qwen2
 from kevin_jax.rl import grpo
 from kevin_jax.rl.logprobs import token_logps
@@ -302,7 +302,8 @@ class Learner:
     if model_cfg is None:
       model_cfg = get_preset(config.policy.preset, param_dtype=config.policy.param_dtype,
                              compute_dtype=config.policy.compute_dtype, remat=config.policy.remat,
-                             attention_impl=config.policy.attention_impl)
+                             attention_impl=resolve_attention_impl(config.policy.attention_impl,
+                                                                    config.policy.compute_dtype))
     cfg = grpo.GRPOConfig.from_config(config.rl)
     opt_cfg = OptimizerConfig.from_config(config.optimizer, config.total_steps * cfg.updates_per_batch)
     return cls(model_cfg, cfg, opt_cfg, mesh, temperature=config.sampler.temperature)
