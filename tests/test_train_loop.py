@@ -121,3 +121,14 @@ def test_warm_start_runs_first_from_scratch_only(tmp_path, monkeypatch):
   c.init_from = "/some/other/weights"  # An explicit start point skips the warm start.
   train.run(c, str(tmp_path / "w2"))
   assert len(calls) == 1 and srcs[-1] is None
+
+
+def test_checkpoint_that_does_not_match_the_model(tmp_path):
+  """An HF checkpoint of another shape is refused with the differing fields named, before any training."""
+  from tests.test_common import make_hf_qwen2  # pylint: disable=g-import-not-at-top
+  make_hf_qwen2(tmp_path / "hf", vocab_size=256, hidden_size=64, num_layers=1)
+  c = _config()
+  c.init_from = str(tmp_path / "hf")
+  with pytest.raises(SystemExit, match="does not match the policy's model.*num_layers"):
+    train.run(c, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w" / "checkpoints" / "1")
