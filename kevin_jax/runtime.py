@@ -5,7 +5,6 @@ Shared by train.py (RL), sft.py (warm start) and evaluate.py, so all three read 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 from typing import Any
@@ -15,6 +14,7 @@ from absl import logging
 from flax import nnx
 
 from kevin_jax import checkpoint as ckpt_lib
+from kevin_jax import cuda_driver
 from kevin_jax import sharding
 from kevin_jax.kernels import tasks as tasks_lib
 from kevin_jax.policy.config import ModelConfig, get_preset, resolve_attention_impl
@@ -30,20 +30,8 @@ NO_GPU_HELP = (
     "--help); or a CPU dry run of this loop with a scripted reward (--config.evaluator.backend=scripted).")
 
 
-def cuda_gpu_count() -> int:
-  """CUDA devices visible through the driver, without creating a context or importing a framework."""
-  try:
-    lib = ctypes.CDLL("libcuda.so.1")
-  except OSError:
-    return 0
-  count = ctypes.c_int(0)
-  if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-    return 0
-  return count.value
-
-
 def require_gpu_for_evaluator(config) -> None:
-  if config.evaluator.backend == "cuda" and cuda_gpu_count() == 0:
+  if config.evaluator.backend == "cuda" and cuda_driver.device_count() == 0:
     raise SystemExit(f"error: mode={config.mode} with evaluator.backend=cuda stopped before doing anything. "
                      + NO_GPU_HELP)
   if config.evaluator.backend not in ("cuda", "scripted"):
@@ -62,7 +50,7 @@ def place_jax_beside_evaluator(config) -> None:
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(config.evaluator.jax_memory_fraction))
     return
   dedicated = {int(g) for g in str(config.evaluator.gpus).split(",") if g.strip()}
-  rest = [i for i in range(cuda_gpu_count()) if i not in dedicated]
+  rest = [i for i in range(cuda_driver.device_count()) if i not in dedicated]
   if not rest:
     raise SystemExit(f"error: evaluator.gpus={config.evaluator.gpus!r} leaves no GPU for JAX")
   jax.config.update("jax_cuda_visible_devices", ",".join(map(str, rest)))

@@ -6,7 +6,6 @@
 - `gpu` marker: skipped unless a CUDA GPU answers (checked through the driver, without torch/JAX/CuPy).
 """
 
-import ctypes
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -16,21 +15,10 @@ if "xla_force_host_platform_device_count" not in _flags:
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-
-def _cuda_gpu_count() -> int:
-  try:
-    lib = ctypes.CDLL("libcuda.so.1")
-  except OSError:
-    return 0
-  if lib.cuInit(0) != 0:
-    return 0
-  count = ctypes.c_int(0)
-  if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-    return 0
-  return count.value
+from kevin_jax import cuda_driver  # pylint: disable=g-import-not-at-top  (ctypes only)
 
 
-HAS_GPU = _cuda_gpu_count() > 0
+HAS_GPU = cuda_driver.device_count() > 0
 
 
 def pytest_configure(config):

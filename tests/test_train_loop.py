@@ -13,6 +13,7 @@ import jax
 import pytest
 
 from configs import multiturn
+from kevin_jax import cuda_driver
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
 from kevin_jax import train
@@ -88,7 +89,7 @@ def test_loop_runs_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
 
 
 def test_no_gpu_stops_before_writing(tmp_path):
-  if runtime.cuda_gpu_count():
+  if cuda_driver.device_count():
     pytest.skip("a GPU is present")
   r = subprocess.run([sys.executable, "-m", "kevin_jax.main", "--config=configs/multiturn.py:runlocal",
                       f"--workdir={tmp_path}/w"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -25,6 +25,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
+from kevin_jax import cuda_driver
+
 log = logging.getLogger("kevin_jax.evaluator")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_FAILURES_BEFORE_BROKEN = 3
@@ -412,19 +414,6 @@ def pump(pools: list[Pool], timeout: float) -> list[Event]:
   return events
 
 
-def cuda_device_count() -> int:
-  """GPUs visible to the driver, without creating a CUDA context (cuInit + cuDeviceGetCount)."""
-  import ctypes  # pylint: disable=g-import-not-at-top
-  try:
-    lib = ctypes.CDLL("libcuda.so.1")
-  except OSError:
-    return 0
-  if lib.cuInit(0) != 0:
-    return 0
-  n = ctypes.c_int(0)
-  return n.value if lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else 0
-
-
 def visible_gpus(spec: str) -> list[str]:
   """GPU ids for worker slots: the explicit list, else CUDA_VISIBLE_DEVICES, else every device."""
   if spec:
@@ -432,8 +421,8 @@ def visible_gpus(spec: str) -> list[str]:
   cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
   if cvd is not None:
     ids = [g.strip() for g in cvd.split(",") if g.strip()]
-    return ids if cuda_device_count() > 0 else []
-  return [str(i) for i in range(cuda_device_count())]
+    return ids if cuda_driver.device_count() > 0 else []
+  return [str(i) for i in range(cuda_driver.device_count())]
 
 
 def worker_env(cuda_visible: str | None, threads: int) -> dict:

@@ -22,23 +22,13 @@ Devices (--backend):
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import os
 import sys
 import time
 
-
-def _gpu_count() -> int:
-  try:
-    lib = ctypes.CDLL("libcuda.so.1")
-  except OSError:
-    return 0
-  count = ctypes.c_int(0)
-  if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-    return 0
-  return count.value
+from kevin_jax import cuda_driver
 
 
 def _parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
@@ -62,9 +52,9 @@ def setup_devices(backend: str, n: int) -> str:
       return jax.default_backend()
     raise SystemExit(f"JAX is already initialised with {len(jax.devices())} devices; {n} needed")
   if backend == "auto":
-    backend = "gpu" if _gpu_count() > 0 else "cpu"
+    backend = "gpu" if cuda_driver.device_count() > 0 else "cpu"
   if backend == "gpu":
-    have = _gpu_count()
+    have = cuda_driver.device_count()
     if have == 0:
       raise SystemExit("--backend gpu: no CUDA GPU answers (use --backend cpu)")
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
