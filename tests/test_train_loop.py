@@ -133,3 +133,28 @@ def test_checkpoint_that_does_not_match_the_model(tmp_path):
   with pytest.raises(SystemExit, match="does not match the policy's model.*num_layers"):
     train.run(c, str(tmp_path / "w"))
   assert not os.path.exists(tmp_path / "w" / "checkpoints" / "1")
+
+
+def test_evaluation_mode_on_an_exported_policy(tmp_path):
+  """mode=evaluate end to end on CPU: an HF-format tiny policy, scripted reward, reports written."""
+  from configs import eval as eval_config  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.model import Qwen2  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.weights import save_pretrained  # pylint: disable=g-import-not-at-top
+  c = eval_config.get_config("runlocal,beam")
+  c.evaluator.backend = "scripted"
+  c.sampler.max_new_tokens = 8
+  c.mesh.axes = (("fsdp", -1), ("tensor", 2))
+  policy = runtime.build_policy(c)
+  save_pretrained(Qwen2(policy.model_cfg, rngs=nnx.Rngs(0)), str(tmp_path / "hf"))
+  c.evaluation.checkpoint = str(tmp_path / "hf")
+  train.evaluate_checkpoint(c, str(tmp_path / "w"))
+  out = tmp_path / "w" / "eval"
+  report = json.load(open(out / "report.json"))
+  assert report["tasks"] == 2 and [r["turn"] for r in report["per_turn"]] == [1, 2]
+  assert [(b["trajectories"], b["turns"]) for b in report["budgets"]] == [(2, 2), (4, 1)]
+  assert len(report["beam"]) == 2
+  # The scripted reward marks about 2/3 of responses correct: some trajectory of some task succeeds.
+  assert 0 < report["per_turn"][-1]["correct_best"] <= 1
+  for name in ("results.md", "results.csv", "scaling.png", "trajectories.jsonl"):
+    assert os.path.getsize(out / name) > 0
