@@ -1,4 +1,5 @@
-"""Shared toy helpers for the policy tests: tiny random Hugging Face Qwen2 checkpoints built with CPU torch.
+"""Shared test helpers: tiny random Hugging Face Qwen2 checkpoints built with CPU torch, and the environment of
+GPU subprocesses.
 
 Only tests import torch; library code in kevin_jax/policy never does.
 """
@@ -6,6 +7,15 @@ Only tests import torch; library code in kevin_jax/policy never does.
 from __future__ import annotations
 
 import os
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gpu_subprocess_env() -> dict[str, str]:
+  """This environment minus tests/conftest.py's CPU pinning (JAX_PLATFORMS, fake-device XLA_FLAGS)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  env["PYTHONPATH"] = REPO_ROOT
+  return env
 
 
 def make_hf_qwen2(path: str | os.PathLike, *, vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 2,

@@ -11,13 +11,9 @@ import sys
 
 import pytest
 
+from tests.test_common import gpu_subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _gpu_env():
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
-  env["PYTHONPATH"] = ROOT
-  return env
 
 
 @pytest.mark.gpu
@@ -25,7 +21,7 @@ def test_cudnn_and_xla_attention_give_the_same_sft_step(tmp_path):
   proc = subprocess.run(
       [sys.executable, "experiments/bench_sft.py", "--stage", "step", "--seq-lens", "2048", "--attention",
        "cudnn,xla", "--steps", "1", "--out", str(tmp_path)],
-      cwd=ROOT, env=_gpu_env(), capture_output=True, text=True, timeout=900)
+      cwd=ROOT, env=gpu_subprocess_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   r = {x["attention"]: x for x in (json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT "))}
   assert "error" not in r["cudnn"] and "error" not in r["xla"], r
@@ -40,7 +36,7 @@ def test_default_sft_learns_and_exports(tmp_path):
       [sys.executable, "-m", "kevin_jax.main", "--config=configs/sft.py", f"--workdir={work}",
        "--config.sft.steps=30", "--config.sft.eval_every_steps=30", "--config.sft.sample_prompts=2",
        "--config.sft.sample_max_new_tokens=256", "--config.logging.tensorboard=False"],
-      cwd=ROOT, env=_gpu_env(), capture_output=True, text=True, timeout=900)
+      cwd=ROOT, env=gpu_subprocess_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   recs = {}
   for line in open(work / "metrics.jsonl"):
