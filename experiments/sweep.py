@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import shlex
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from kevin_jax.metrics import read_metrics  # pylint: disable=wrong-import-position  (keeps a resumed step's last record)
 
 SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, config, overrides)]
     "aggregation": [(f"{mode}_g{gamma}", "configs/multiturn.py",
@@ -48,16 +50,6 @@ def commands(sweep: str, root: str, extra: list[str]) -> list[tuple[str, list[st
     out.append((name, [sys.executable, "-m", "kevin_jax.main", f"--config={config}", f"--workdir={workdir}",
                        *overrides, *extra]))
   return out
-
-
-def read_metrics(path: str) -> dict[int, dict]:
-  out = {}
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      if line.strip():
-        rec = json.loads(line)
-        out[int(rec["step"])] = rec  # A resumed run rewrites a step: keep the last record.
-  return dict(sorted(out.items()))
 
 
 def collect(sweep: str, root: str, last: int) -> list[dict]:

@@ -141,29 +141,3 @@ def run(config, workdir: str) -> None:
     ckpt.close()
     if hasattr(reward, "close"):
       reward.close()
-
-
-def evaluate_checkpoint(config, workdir: str) -> None:
-  """mode=evaluate: the policy from config.evaluation.checkpoint (Orbax run / HF dir) on a task split."""
-  from kevin_jax import evaluate  # pylint: disable=g-import-not-at-top
-  runtime.require_gpu_for_evaluator(config)
-  specs, sources = runtime.load_tasks(config, config.evaluation.split)
-  if config.evaluation.max_tasks:
-    specs = specs[:config.evaluation.max_tasks]
-    sources = {s.id: sources[s.id] for s in specs}
-  policy = runtime.build_policy(config)
-  runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
-  src = config.evaluation.checkpoint or workdir
-  params = runtime.load_params(src, policy)
-  reward = runtime.make_reward(config, config.tasks.source)
-  try:
-    report = evaluate.run_evaluation(
-        [s.id for s in specs], sources, evaluate.EvalSettings.from_config(config), seed=config.seed,
-        generate=make_generate(policy, params), reward=reward, encode_chat=policy.encode_chat,
-        out_dir=os.path.join(workdir, "eval"))
-  finally:
-    if hasattr(reward, "close"):
-      reward.close()
-  last = report["per_turn"][-1]
-  logging.info("evaluation of %s on %d tasks: correct best@k %.0f%%, perf best@k %.2fx (reports in %s)", src,
-               len(specs), 100 * last["correct_best"], last["perf_best"], os.path.join(workdir, "eval"))

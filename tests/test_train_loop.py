@@ -14,6 +14,7 @@ import pytest
 
 from configs import multiturn
 from kevin_jax import cuda_driver
+from kevin_jax import evaluate
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
 from kevin_jax import train
@@ -148,7 +149,7 @@ def test_evaluation_mode_on_an_exported_policy(tmp_path):
   policy = runtime.build_policy(c)
   save_pretrained(Qwen2(policy.model_cfg, rngs=nnx.Rngs(0)), str(tmp_path / "hf"))
   c.evaluation.checkpoint = str(tmp_path / "hf")
-  train.evaluate_checkpoint(c, str(tmp_path / "w"))
+  evaluate.run(c, str(tmp_path / "w"))
   out = tmp_path / "w" / "eval"
   report = json.load(open(out / "report.json"))
   assert report["tasks"] == 2 and [r["turn"] for r in report["per_turn"]] == [1, 2]

@@ -13,7 +13,7 @@ import numpy as np
 
 from kevin_jax.rl import grpo
 from kevin_jax.rl.learner import TrainBatch, pad_batch
-from kevin_jax.rl.rollout import Turn, to_matrix
+from kevin_jax.rl.rollout import Turn, matrix_index, to_matrix
 
 
 def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -22,20 +22,16 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.nda
   Trajectories are grouped by task id; returns use `cfg.gamma`/`cfg.return_mode`, advantages
   `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task.
   """
+  rows, cols, _ = matrix_index(turns)
   scores_NxT = to_matrix(turns, lambda t: t.score)
-  trajs = sorted({t.traj for t in turns})
-  row = {tr: r for r, tr in enumerate(trajs)}
-  first = {tr: min(t.turn for t in turns if t.traj == tr) for tr in trajs}
   returns_NxT = np.asarray(grpo.discounted_returns(scores_NxT, cfg.gamma, cfg.return_mode))
   task_index = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in turns))}
-  traj_task = {t.traj: task_index[t.task_id] for t in turns}
-  groups_NxT = np.broadcast_to(np.array([traj_task[tr] for tr in trajs])[:, None], scores_NxT.shape)
+  # Every turn-sample of a trajectory belongs to its task's group.
+  groups_NxT = to_matrix(turns, lambda t: task_index[t.task_id]).astype(np.int32)
   adv_NxT = np.asarray(grpo.group_advantages(returns_NxT, groups_NxT, std_normalize=cfg.adv_std_normalize,
                                              baseline=cfg.adv_baseline, eps=cfg.adv_eps,
                                              num_groups=len(task_index)))
-  idx = [(row[t.traj], t.turn - first[t.traj]) for t in turns]
-  return (np.array([returns_NxT[i, j] for i, j in idx], np.float32),
-          np.array([adv_NxT[i, j] for i, j in idx], np.float32))
+  return returns_NxT[rows, cols].astype(np.float32), adv_NxT[rows, cols].astype(np.float32)
 
 
 def seq_bucket(length: int, multiple: int = 256) -> int:

@@ -109,7 +109,8 @@ def fit_messages(task_source: str, attempts: Sequence[Attempt], count_tokens: Ca
 
   Kept attempts keep their original numbers ("Attempt 3" stays 3). Returns (messages, attempts dropped);
   when even the bare task does not fit, the bare task is returned with every attempt dropped (the caller
-  decides whether an over-long prompt is an error).
+  decides whether an over-long prompt is an error). The returned messages are always the last ones passed to
+  `count_tokens`, so a caller may keep that call's tokenisation instead of encoding again.
   """
   for start in range(len(attempts) + 1):
     messages = build_messages(task_source, attempts[start:], first_index=start + 1)

@@ -118,12 +118,17 @@ def rollout(starts: Sequence[Start], task_sources: dict[str, str], *, turns: int
   history = [list(s.history) for s in starts]
   out: list[Turn] = []
   times = RolloutTimes()
-  count = lambda messages: len(encode_chat(messages))
+  last: dict[str, list[int]] = {}  # The most recent encoding: fit_messages' accepted try is the prompt itself.
+
+  def count(messages):
+    last["ids"] = encode_chat(messages)
+    return len(last["ids"])
+
   for t in range(turns):
     prompt_ids, dropped = [], []
     for s, h in zip(starts, history):
-      messages, n_dropped = prompts.fit_messages(task_sources[s.task_id], h, count, max_context_tokens)
-      prompt_ids.append(encode_chat(messages))
+      _, n_dropped = prompts.fit_messages(task_sources[s.task_id], h, count, max_context_tokens)
+      prompt_ids.append(last["ids"])
       dropped.append(n_dropped)
     t0 = time.perf_counter()
     gen = generate(prompt_ids, _turn_seed(seed, t))
@@ -165,13 +170,24 @@ def gate_format(items: list[RewardItem], score_fn: Callable[[list[RewardItem]], 
   return results  # type: ignore[return-value]
 
 
-def to_matrix(turns_list: Sequence[Turn], value: Callable[[Turn], float]) -> np.ndarray:
-  """value(turn) laid out as [trajectories, turns] (rows = Turn.traj, columns = position within the call)."""
+def matrix_index(turns_list: Sequence[Turn]) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+  """(row, column) of every turn in the [trajectories, turns] layout, and that layout's shape.
+
+  Rows follow sorted Turn.traj; columns count turns from each trajectory's first turn in `turns_list`.
+  """
   trajs = sorted({x.traj for x in turns_list})
-  first = {tr: min(x.turn for x in turns_list if x.traj == tr) for tr in trajs}
-  n = max(x.turn - first[x.traj] for x in turns_list) + 1
-  m = np.zeros((len(trajs), n), np.float32)
   row = {tr: r for r, tr in enumerate(trajs)}
+  first: dict[int, int] = {}
   for x in turns_list:
-    m[row[x.traj], x.turn - first[x.traj]] = value(x)
+    first[x.traj] = min(first.get(x.traj, x.turn), x.turn)
+  rows = np.array([row[x.traj] for x in turns_list], np.int64)
+  cols = np.array([x.turn - first[x.traj] for x in turns_list], np.int64)
+  return rows, cols, (len(trajs), int(cols.max()) + 1)
+
+
+def to_matrix(turns_list: Sequence[Turn], value: Callable[[Turn], float]) -> np.ndarray:
+  """value(turn) laid out as [trajectories, turns] (see matrix_index)."""
+  rows, cols, shape = matrix_index(turns_list)
+  m = np.zeros(shape, np.float32)
+  m[rows, cols] = [value(x) for x in turns_list]
   return m
