@@ -84,6 +84,14 @@ def bench_one(preset: str, args, mesh) -> dict:
       times.append(time.perf_counter() - t0)
     check_finite(jax.device_get(metrics), i)
   step_s = statistics.median(times)
+  profile = None
+  if args.profile:  # One more step under the profiler: device time by kernel class (experiments/xla_profile.py).
+    from experiments import xla_profile  # pylint: disable=g-import-not-at-top
+    dev_batch = learner.put_batch(batch)
+    table = xla_profile.profile_kernels(lambda: compiled(state, dev_batch),
+                                        os.path.join(args.out, f"trace_{preset}"))
+    print(xla_profile.format_table(table, 30), flush=True)
+    profile = {k: table[k] for k in ("busy_ms", "by_class_ms", "top_kernels", "top_hlo_ops")}
   fwd, n_mm = flops_per_token(model_cfg, t)
   fwd_palm, _ = flops_per_token(model_cfg, t, full_attention=True)
   passes = 3 + (1 if learner.cfg.recompute_old_logps else 0)
@@ -107,7 +115,7 @@ def bench_one(preset: str, args, mesh) -> dict:
       "mfu_palm": tokens * fwd_palm * passes / step_s / n_dev / PEAK_DATASHEET,
       "temp_gib": mem.temp_size_in_bytes / 2**30, "argument_gib": mem.argument_size_in_bytes / 2**30,
       "peak_gib_in_use": stats.get("peak_bytes_in_use", 0) / 2**30,
-      "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
+      "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]), "profile": profile,
   }
 
 
@@ -121,6 +129,7 @@ def main() -> int:
                  help="per-device micro-batch per preset, name=size,...")
   p.add_argument("--accum", type=int, default=2, help="micro-batches per minibatch (gradient accumulation)")
   p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up step")
+  p.add_argument("--profile", action="store_true", help="trace one extra step; print device time by kernel")
   p.add_argument("--remat", default="none", choices=("none", "full", "dots"))
   p.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"))
   p.add_argument("--logits-chunk", type=int, default=1024)

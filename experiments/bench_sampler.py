@@ -86,7 +86,7 @@ def jax_worker(args) -> dict:
   out["copy_bandwidth_Bps"] = _copy_bandwidth(jax, jnp)
   print(f"[jax] {out['device']}: copy bandwidth {out['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s", flush=True)
   cfg = get_preset(MODELS[args.model], param_dtype="bfloat16", compute_dtype="bfloat16",
-                   attention_impl=args.attention)
+                   attention_impl=args.attention, decode_attention=args.decode_attention)
   t = time.perf_counter()
   # Random weights drawn on the host: jitting Qwen2's own initialiser compiled for minutes on the H200
   # (XLA "very slow compile" alarm, 2026-11-29), and decode speed does not depend on the values.
@@ -208,6 +208,7 @@ def _run_worker(kind: str, args, model: str, weights_dir: str, out_dir: str, tim
          "--weights-dir", weights_dir, "--batches", ",".join(map(str, args.batches)),
          "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
          "--hf-new-tokens", str(args.hf_new_tokens), "--seed", str(args.seed), "--attention", args.attention,
+         "--decode-attention", args.decode_attention,
          "--dump-dir", dump, "--json", os.path.join(out_dir, f"{kind}_{model}.json")]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_REPO + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
@@ -251,6 +252,8 @@ def main(argv=None):
   p.add_argument("--hf-new-tokens", type=int, default=64)
   p.add_argument("--no-hf", action="store_true", help="skip transformers")
   p.add_argument("--attention", default="xla", choices=("xla", "cudnn"), help="prefill attention implementation")
+  p.add_argument("--decode-attention", default="auto", choices=("auto", "xla", "pallas"),
+                 help="decode attention (auto: the Pallas kernel on a GPU)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--budget-s", type=float, default=225.0, help="skip remaining workers past this wall time")
   p.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script; CPU ok)")

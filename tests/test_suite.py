@@ -72,12 +72,16 @@ def test_tasks_load_with_recorded_shapes(infos):
 
 
 def test_task_sizes_follow_the_conventions(infos):
-  """Inputs <= ~1 GiB each and ~2 GiB together (host memory), some dimension not a multiple of 32, fp32 math."""
+  """Inputs <= 2.75 GiB together, some dimension not a multiple of 32, fp32 math.
+
+  Read-only reductions (sum, argmax, matrix-vector) stream their input once at ~4 TB/s on an H200: they need
+  ~2 GB of input to reach the suite's 0.5 ms reference floor. Inputs are drawn on the GPU (kernels/inputs.py)
+  and shapes are analysed on the meta device, so the budget is GPU memory per trial, not host memory.
+  """
   for t in SUITE:
     info = infos[t.id]
     sizes = [math.prod(i["shape"]) * _BYTES[i["dtype"]] for i in info.inputs if i["kind"] == "tensor"]
-    assert max(sizes) <= 1.02 * GIB, f"{t.id}: an input is {max(sizes) / GIB:.2f} GiB"
-    assert sum(sizes) <= 2.05 * GIB, f"{t.id}: inputs total {sum(sizes) / GIB:.2f} GiB"
+    assert sum(sizes) <= 2.75 * GIB, f"{t.id}: inputs total {sum(sizes) / GIB:.2f} GiB"
     dims = [d for i in info.inputs if i["kind"] == "tensor" for d in i["shape"]]
     dims += [d for o in info.outputs for d in o["shape"]]
     assert any(d % 32 for d in dims if d > 1), f"{t.id}: every dimension is a multiple of 32"

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 _REMAT = ("none", "full", "dots")
 _ATTENTION_IMPLS = ("xla", "cudnn")
+_DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -44,7 +45,10 @@ class ModelConfig:
     remat: per-decoder-layer rematerialisation in the backward pass: 'none' | 'full' (save only layer inputs) |
       'dots' (save the outputs of matmuls without batch dims: projections, not attention scores).
     attention_impl: multi-token (prefill / training) attention: 'xla' (einsum; any backend, exact fp32) |
-      'cudnn' (jax.nn.dot_product_attention flash kernel; GPU, bf16/fp16 only). Decode always uses 'xla'.
+      'cudnn' (jax.nn.dot_product_attention flash kernel; GPU, bf16/fp16 only).
+    decode_attention: one-token decode attention over the KV cache: 'auto' (the Pallas kernel of
+      policy/decode_attention.py on a GPU when its shape rules hold, else 'xla') | 'xla' (masked einsum over
+      every cache slot) | 'pallas' | 'interpret' (the Pallas kernel in interpret mode: CPU tests).
   """
 
   vocab_size: int
@@ -63,6 +67,7 @@ class ModelConfig:
   fp32_upcast: bool = True
   remat: str = "none"
   attention_impl: str = "xla"
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -80,6 +85,9 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.remat must be one of {_REMAT}, got {self.remat!r}")
     if self.attention_impl not in _ATTENTION_IMPLS:
       raise ValueError(f"ModelConfig.attention_impl must be one of {_ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    if self.decode_attention not in _DECODE_ATTENTION:
+      raise ValueError(f"ModelConfig.decode_attention must be one of {_DECODE_ATTENTION}, "
+                       f"got {self.decode_attention!r}")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

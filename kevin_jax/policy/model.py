@@ -31,7 +31,9 @@ not positions: keys are rotated by their true positions before they are stored, 
 anywhere. A call with a cache writes its T tokens to slots [cache_slot, cache_slot + T) of every row (one
 dynamic_update_slice: in place, no scatter). With T > 1 it is a prefill into an empty cache and attends within
 the call (causal + attn_mask_BxT). With T == 1 it is a decode step and attends to the slots where
-cache_mask_BxS is true (which must include the slot just written). The sampler prefills a right-padded prompt
+cache_mask_BxS is true (which must include the slot just written); cache_mask_BxS may also be a
+decode_attention.SlotRanges (visible = [0, prompt_len[b]) and [gen_start, gen_start + gen_len)), which lets
+cfg.decode_attention use the Pallas kernel that reads only those slots. The sampler prefills a right-padded prompt
 bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
 padding slots [length, P).
 
@@ -64,7 +66,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kevin_jax.policy import decode_attention
 from kevin_jax.policy.config import ModelConfig
+from kevin_jax.policy.decode_attention import SlotRanges
 
 Array = jax.Array
 _INIT_STD = 0.02  # HF initializer_range for Qwen2.
@@ -155,6 +159,24 @@ def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed
   return o_BxKxGxH.astype(q_BxKxGxH.dtype)
 
 
+def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
+                           visible: Array | SlotRanges) -> Array:
+  """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges."""
+  s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
+  impl = cfg.decode_attention
+  if isinstance(visible, SlotRanges):
+    if impl == "auto":
+      fits = decode_attention.supported(s, visible.gen_start, h)
+      impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+    if impl in ("pallas", "interpret"):
+      return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible,
+                                               interpret=impl == "interpret")
+    visible = visible.mask(s)
+  elif impl in ("pallas", "interpret"):
+    raise ValueError(f"decode_attention={impl!r} needs the cache visibility as SlotRanges, not a mask")
+  return _decode_attend(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, cfg.fp32_upcast)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -195,7 +217,7 @@ class Attention(nnx.Module):
     if cache_kv is not None and t == 1:
       if cache_mask_BxS is None:
         raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
-      o_BxTxKxGxH = _decode_attend(q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS, cfg.fp32_upcast)[:, None]
+      o_BxTxKxGxH = _decode_step_attention(cfg, q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS)[:, None]
     else:
       o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
     o_BxTxNxH = o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)

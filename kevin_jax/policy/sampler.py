@@ -7,9 +7,10 @@
 
 How it runs. Prompts are split into chunks of `batch_size`, right-padded to the smallest prompt bucket that
 fits (`prompt_buckets`), and each chunk makes two jitted calls: `_prefill` fills a [B, K, P + max_new_tokens, H]
-KV cache per layer (`kv_cache_dtype`, bf16 by default) and samples the first token from the last real prompt
+KV cache per layer (`kv_cache_dtype`, bf16 by default; max_new_tokens rounded up to 64 slots) and samples the first token from the last real prompt
 position; `_decode` takes that state (donated, so the cache is updated in place and never copied) and decodes
-in a `lax.while_loop` on device (no host round trip per token) until every row has finished or
+in a `lax.while_loop` on device (no host round trip per token; attention by the model's `decode_attention`: on
+a GPU the Pallas kernel that reads only each row's prompt and generated slots) until every row has finished or
 `max_new_tokens` tokens exist. Both are compiled once per key (batch, prompt bucket, max_new_tokens, top_k,
 greedy / top-p on-off, number of stop sequences, cache dtype): calls with the same key reuse them, whatever the
 prompts, seed, temperature, top_p value or weights. The parameters are jit ARGUMENTS (never baked-in
@@ -57,6 +58,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kevin_jax.policy.config import ModelConfig
+from kevin_jax.policy.decode_attention import SlotRanges
 from kevin_jax.policy.model import KVCache, Qwen2
 
 Array = jax.Array
@@ -179,16 +181,22 @@ def _constrain(x, batch_sharding):
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(axes, *([None] * (x.ndim - 1)))))
 
 
+def _gen_slots(max_new_tokens: int) -> int:
+  """Cache slots for generated tokens: max_new_tokens rounded up to the decode kernel's block (64)."""
+  return -(-max_new_tokens // 64) * 64
+
+
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temperature, top_p, eos_Q,
              stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype, batch_sharding):
-  """Fills slots [0, P) of a [B, K, P + max_new_tokens, H] cache and samples token 0. Returns the loop carry."""
+  """Fills slots [0, P) of a [B, K, P + _gen_slots(max_new_tokens), H] cache and samples token 0; returns the
+  loop carry."""
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
   b, p = prompts_BxP.shape
   n = max_new_tokens
   sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab)
-  cache = KVCache.zeros(model.cfg, b, p + n, jnp.dtype(cache_dtype))
+  cache = KVCache.zeros(model.cfg, b, p + _gen_slots(n), jnp.dtype(cache_dtype))
   cache = jax.tree.map(lambda x: _constrain(x, batch_sharding), cache)
   positions_BxP = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
   mask_BxP = positions_BxP < lengths_B[:, None]
@@ -219,15 +227,14 @@ def _decode(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos
   def cond(c):
     return (c["i"] < max_new_tokens) & ~jnp.all(c["done"])
 
-  p = carry["cache"].length - max_new_tokens  # the prompt bucket
-  slots_S = jnp.arange(p + max_new_tokens)
+  p = carry["cache"].length - _gen_slots(max_new_tokens)  # the prompt bucket
 
   def body(c):
     i = c["i"]
     pos_Bx1 = (lengths_B + i - 1)[:, None]  # token i-1 has position len + i - 1 and goes to slot P + i - 1
     # Visible: the row's real prompt slots and the generated slots up to and including this one.
-    mask_BxS = (slots_S[None, :] < lengths_B[:, None]) | ((slots_S[None, :] >= p) & (slots_S[None, :] < p + i))
-    h_Bx1xD, cache = model.hidden_with_cache(c["last"][:, None], pos_Bx1, None, c["cache"], p + i - 1, mask_BxS)
+    visible = SlotRanges(prompt_len_B=lengths_B, gen_len=i, gen_start=p)
+    h_Bx1xD, cache = model.hidden_with_cache(c["last"][:, None], pos_Bx1, None, c["cache"], p + i - 1, visible)
     tok_B, raw_B, samp_B = sample(model.logits(h_Bx1xD)[:, 0], _fold_keys(keys_Bx2, i))
     live_B = ~c["done"]
     tok_B = jnp.where(live_B, tok_B, 0)

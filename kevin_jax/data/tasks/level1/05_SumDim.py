@@ -3,7 +3,7 @@ import torch.nn as nn
 
 BATCH = 127
 DIM1 = 4099
-DIM2 = 509
+DIM2 = 1279
 
 
 class Model(nn.Module):

@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 127
+BATCH = 255
 DIM1 = 2039
 DIM2 = 1031
 

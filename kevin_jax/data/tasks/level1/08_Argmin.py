@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 16383
+BATCH = 32765
 DIM = 16381
 
 

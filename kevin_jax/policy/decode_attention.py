@@ -1,0 +1,152 @@
+"""Decode attention (one query token per row) over the sampler's [B, K, S, H] KV cache, as a Pallas kernel.
+
+The sampler's cache holds, per row b, the right-padded prompt in slots [0, P) (real tokens in [0, prompt_len[b]))
+and the generated tokens in slots [P, P + i) after i decode steps. The XLA path (model._decode_attend) reads all
+S slots of every row at every step and masks the invisible ones; this kernel reads only the blocks that hold
+visible slots - [0, prompt_len[b]) and [P, P + i) - so a step costs the bytes of the tokens actually attended
+(the decode roofline's denominator), and it keeps the G query heads of a KV head together, so each K/V block is
+read once for all of them.
+
+Layout: grid (B, K, splits). Program (b, k, s) owns the slot range [s*S/splits, (s+1)*S/splits) of row b's head
+k; it loops over the visible `block_k`-slot blocks of that range with an online softmax (fp32 running max, sum
+and accumulator) and writes its partial (acc, max, sum); a small XLA epilogue merges the splits (flash-decoding).
+Splitting S gives enough programs to fill the GPU at small batch; a split with nothing visible writes an empty
+partial that the merge weighs by zero.
+
+`decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
+tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
+tests/test_policy_gpu.py on the GPU. Requirements (else callers use the XLA path; `supported` says which):
+P and S multiples of `block_k`, head_dim a multiple of 16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+Array = jax.Array
+_NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
+_TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SlotRanges:
+  """Which cache slots a decode step may attend: [0, prompt_len_B[b]) and [gen_start, gen_start + gen_len).
+
+  gen_start (the prompt bucket P) is static; prompt_len_B and gen_len (decode steps so far, incl. this one)
+  are traced.
+  """
+  prompt_len_B: Array
+  gen_len: Array
+  gen_start: int = dataclasses.field(metadata=dict(static=True))
+
+  def mask(self, num_slots: int) -> Array:
+    """The same visibility as a boolean [B, S] mask (the XLA path)."""
+    s = jnp.arange(num_slots)[None, :]
+    return (s < self.prompt_len_B[:, None]) | ((s >= self.gen_start) & (s < self.gen_start + self.gen_len))
+
+
+def supported(num_slots: int, gen_start: int, head_dim: int, block_k: int = 64) -> bool:
+  return num_slots % block_k == 0 and gen_start % block_k == 0 and head_dim % 16 == 0
+
+
+def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
+  n = 1
+  while batch * kv_heads * n * 2 <= _TARGET_PROGRAMS and num_blocks % (n * 2) == 0:
+    n *= 2
+  return n
+
+
+def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen_start: int, split_len: int,
+            block_k: int, scale: float):
+  b, s = pl.program_id(0), pl.program_id(2)
+  lo = s * split_len
+  hi = lo + split_len
+  plen = plen_ref[b]
+  gend = gen_start + glen_ref[0]
+  q = q_ref[...]  # [Gp, H]
+  gp, h = q.shape
+  offs = jnp.arange(block_k)
+
+  def block(j, carry):
+    acc, m_prev, l_prev = carry
+    start = pl.multiple_of(j * block_k, block_k)
+    k = k_ref[pl.ds(start - lo, block_k), :]  # [block_k, H]
+    v = v_ref[pl.ds(start - lo, block_k), :]
+    slot = start + offs
+    visible = (slot < plen) | ((slot >= gen_start) & (slot < gend))
+    sc = pl.dot(q, k, trans_b=True).astype(jnp.float32) * scale  # [Gp, block_k]
+    sc = jnp.where(visible[None, :], sc, _NEG)
+    m_next = jnp.maximum(m_prev, sc.max(axis=1))
+    corr = jnp.exp(m_prev - m_next)
+    p = jnp.exp(sc - m_next[:, None])
+    l_next = l_prev * corr + p.sum(axis=1)
+    acc = acc * corr[:, None] + pl.dot(p.astype(v.dtype), v).astype(jnp.float32)
+    return acc, m_next, l_next
+
+  carry = (jnp.zeros((gp, h), jnp.float32), jnp.full((gp,), _NEG, jnp.float32), jnp.zeros((gp,), jnp.float32))
+  # Prompt blocks in this split, then generated blocks (disjoint: gen_start is a multiple of block_k).
+  a0, a1 = lo // block_k, (jnp.minimum(hi, plen) + block_k - 1) // block_k
+  carry = jax.lax.fori_loop(a0, jnp.maximum(a0, a1), block, carry)
+  b0 = jnp.maximum(lo, gen_start) // block_k
+  b1 = (jnp.minimum(hi, gend) + block_k - 1) // block_k
+  carry = jax.lax.fori_loop(b0, jnp.maximum(b0, b1), block, carry)
+  acc, m, l = carry
+  o_ref[...] = acc
+  m_ref[...] = m
+  l_ref[...] = l
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret"))
+def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
+                     block_k: int = 64, num_splits: int = 0, interpret: bool = False) -> Array:
+  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype."""
+  b, kh, g, h = q_BxKxGxH.shape
+  s = k_BxKxSxH.shape[2]
+  if not supported(s, ranges.gen_start, h, block_k):
+    raise ValueError(f"decode_attention needs S ({s}) and gen_start ({ranges.gen_start}) multiples of "
+                     f"block_k ({block_k}) and head_dim ({h}) a multiple of 16")
+  splits = num_splits or _num_splits(b, kh, s // block_k)
+  if (s // block_k) % splits:
+    raise ValueError(f"{splits} splits do not divide {s // block_k} blocks")
+  split_len = s // splits
+  gp = max(16, -(-g // 16) * 16)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
+  q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+  kernel = functools.partial(_kernel, gen_start=ranges.gen_start, split_len=split_len, block_k=block_k,
+                             scale=h ** -0.5)
+  o, m, l = pl.pallas_call(
+      kernel,
+      grid=(b, kh, splits),
+      in_specs=[
+          pl.BlockSpec((b,), lambda i, j, t: (0,)),  # prompt lengths
+          pl.BlockSpec((1,), lambda i, j, t: (0,)),  # generated length
+          pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0)),
+          pl.BlockSpec((None, None, split_len, h), lambda i, j, t: (i, j, t, 0)),
+          pl.BlockSpec((None, None, split_len, h), lambda i, j, t: (i, j, t, 0)),
+      ],
+      out_specs=[
+          pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0)),
+          pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
+          pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
+      ],
+      out_shape=[
+          jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+      ],
+      compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
+      interpret=interpret,
+      name="kevin_decode_attention",
+  )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
+    k_BxKxSxH, v_BxKxSxH)
+  # Merge the splits' partial softmaxes.
+  m_max = m.max(axis=2, keepdims=True)
+  w = jnp.exp(m - m_max)  # [B, K, splits, Gp]; 0 for empty splits
+  o = (o * w[..., None]).sum(axis=2) / (l * w).sum(axis=2)[..., None]
+  return o[:, :, :g].astype(q_BxKxGxH.dtype)
