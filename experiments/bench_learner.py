@@ -54,6 +54,7 @@ def bench_one(preset: str, args, mesh) -> dict:
   mb = args.micro_batch.get(preset, 4)
   config = multiturn.get_config()
   config.rl.micro_batch_size = mb
+  config.rl.scan_layers = bool(args.scan_layers)
   config.rl.logits_chunk = args.logits_chunk
   config.rl.loss_constant = float(args.seq_len)
   model_cfg = get_preset(preset, param_dtype="bfloat16", compute_dtype="bfloat16", remat=args.remat,
@@ -105,7 +106,8 @@ def bench_one(preset: str, args, mesh) -> dict:
     pass
   return {
       "preset": preset, "params": model_cfg.num_params(), "matmul_params": n_mm, "seq_len": t, "rows": rows,
-      "micro_batch_per_device": mb, "accum": args.accum, "devices": n_dev, "remat": args.remat,
+      "micro_batch_per_device": mb, "accum": args.accum, "scan_layers": args.scan_layers, "devices": n_dev,
+      "remat": args.remat,
       "attention": args.attention, "compile_s": round(compile_s, 1), "step_s": round(step_s, 4),
       "step_times_s": [round(x, 4) for x in times], "tokens_per_s": tokens / step_s,
       "tokens_per_s_per_device": tokens / step_s / n_dev,
@@ -129,6 +131,8 @@ def main() -> int:
                  help="per-device micro-batch per preset, name=size,...")
   p.add_argument("--accum", type=int, default=2, help="micro-batches per minibatch (gradient accumulation)")
   p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up step")
+  p.add_argument("--scan-layers", type=int, default=1, choices=(0, 1),
+                 help="1: lax.scan over the decoder layers (rl.scan_layers); 0: unrolled")
   p.add_argument("--profile", action="store_true", help="trace one extra step; print device time by kernel")
   p.add_argument("--remat", default="none", choices=("none", "full", "dots"))
   p.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"))

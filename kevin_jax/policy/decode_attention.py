@@ -81,13 +81,14 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
     v = v_ref[pl.ds(start - lo, block_k), :]
     slot = start + offs
     visible = (slot < plen) | ((slot >= gen_start) & (slot < gend))
-    sc = pl.dot(q, k, trans_b=True).astype(jnp.float32) * scale  # [Gp, block_k]
+    sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
     sc = jnp.where(visible[None, :], sc, _NEG)
     m_next = jnp.maximum(m_prev, sc.max(axis=1))
     corr = jnp.exp(m_prev - m_next)
     p = jnp.exp(sc - m_next[:, None])
     l_next = l_prev * corr + p.sum(axis=1)
-    acc = acc * corr[:, None] + pl.dot(p.astype(v.dtype), v).astype(jnp.float32)
+    acc = acc * corr[:, None] + jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                                    preferred_element_type=jnp.float32)
     return acc, m_next, l_next
 
   carry = (jnp.zeros((gp, h), jnp.float32), jnp.full((gp,), _NEG, jnp.float32), jnp.zeros((gp,), jnp.float32))
