@@ -34,6 +34,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.compute_dtype = "bfloat16"  # Matmul/activation dtype; norms, softmax and logits stay fp32.
   c.policy.remat = "none"  # Per-layer rematerialisation: none | full | dots (save matmul outputs only).
   c.policy.attention_impl = "auto"  # Multi-token attention: auto (cudnn on a GPU in bf16, else xla) | xla | cudnn.
+  c.policy.decode_attention = "auto"  # Decode attention: auto (Pallas kernel on a GPU, else xla) | xla | pallas.
+  c.policy.triton_gemm = False  # XLA Triton GEMM fusions (False: cuBLAS; ~2x faster decode matmuls on an H200).
 
   # --- Sampler: the jitted KV-cache generator. ---
   c.sampler = ml_collections.ConfigDict()
@@ -72,7 +74,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.recompute_old_logps = True  # Recompute log pi_old with the learner's own forward before the updates
   #   (default: avoids sampler/learner numeric mismatch in the ratio); False = use the sampler's log-probs.
   c.rl.logits_chunk = 1024  # Positions per chunk of the log-prob computation (bounds fp32 [B, chunk, vocab]).
-  c.rl.scan_layers = True  # Learner scans the decoder layers (kevin_jax/rl/layer_scan.py) so remat saves memory.
+  c.rl.scan_layers = False  # Learner scans the decoder layers (rl/layer_scan.py): needed for remat to save
+  #   memory, but it copies the stacked layer weights every step (1.5B on an H200: 37.7% MFU vs 46.5% unrolled).
 
   # --- Optimizer: Optax AdamW [P §1 "Learning rate", "Gradient clipping"]. ---
   c.optimizer = ml_collections.ConfigDict()
@@ -234,6 +237,7 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.rl.loss_constant = 16384.0
       c.rl.micro_batch_size = 1
       c.policy.remat = "full"
+      c.rl.scan_layers = True  # Remat only saves memory with scanned layers (rl/layer_scan.py).
       c.tasks.source = "KernelBench/KernelBench"  # Point at a local checkout.
       from configs import kernelbench  # pylint: disable=g-import-not-at-top
       c.tasks.train_ids, c.tasks.test_ids = kernelbench.split_ids()  # 90+90 train, 10+10 held out [P §1].

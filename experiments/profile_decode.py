@@ -124,6 +124,18 @@ def main():
         res["generate"].append({"impl": impl, "batch": b, "error": f"{type(e).__name__}: {str(e)[:800]}"})
   with open(os.path.join(a.out, "results.json"), "w") as f:
     json.dump(res, f, indent=1)
+  print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}):")
+  for r in res["attention"]:
+    print(f"  attention B={r['batch']}: " + ", ".join(
+        f"{k} {v['us']:.1f} us ({v['visible_GBps']:.0f} GB/s, diff {v['max_abs_diff_vs_xla']:.1e})" if "us" in v
+        else f"{k} FAILED" for k, v in r.items() if isinstance(v, dict)))
+  for g in res["generate"]:
+    if "error" in g:
+      print(f"  generate {g['impl']} B={g['batch']}: FAILED {g['error'][:200]}")
+    else:
+      cls = ", ".join(f"{k} {v:.3f}" for k, v in sorted(g["per_step_ms_by_class"].items(), key=lambda kv: -kv[1]))
+      print(f"  generate {g['impl']} B={g['batch']}: {g['decode_tok_s']:,.0f} tok/s, {g['ms_per_step']:.3f} ms/step; "
+            f"device ms/step by class: {cls}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import collections
 import glob
 import os
 import re
+import shutil
 
 _CLASSES = (
     ("attention", re.compile(r"flash|fmha|cudnn|sdpa|attention|mha", re.I)),
@@ -64,13 +65,19 @@ def kernel_table(trace_dir: str) -> dict:
           "top_hlo_ops": top(by_op)}
 
 
-def profile_kernels(fn, out_dir: str) -> dict:
-  """Runs fn() once under jax.profiler.trace(out_dir) (blocking on its result) and returns kernel_table."""
+def profile_kernels(fn, out_dir: str, keep_trace: bool = False) -> dict:
+  """Runs fn() once under jax.profiler.trace(out_dir) (blocking on its result) and returns kernel_table.
+
+  The trace (tens to hundreds of MB) is deleted afterwards unless keep_trace.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   with jax.profiler.trace(out_dir):
     jax.block_until_ready(fn())
-  return kernel_table(out_dir)
+  table = kernel_table(out_dir)
+  if not keep_trace:
+    shutil.rmtree(out_dir, ignore_errors=True)
+  return table
 
 
 def format_table(t: dict, n: int = 25) -> str:

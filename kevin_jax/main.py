@@ -45,7 +45,8 @@ def main(argv):
       "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
   if config.mode not in _JOBS:
     raise app.UsageError(f"config.mode={config.mode!r}; expected one of {sorted(_JOBS)}")
-  runtime.place_jax_beside_evaluator(config)  # Before JAX's backend starts.
+  runtime.set_xla_gpu_flags(config.policy.triton_gemm)  # Before JAX's backend starts.
+  runtime.place_jax_beside_evaluator(config)
   logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
   logging.info("mode=%s workdir=%s", config.mode, workdir)
   importlib.import_module(_JOBS[config.mode]).run(config, workdir)

@@ -38,6 +38,17 @@ def require_gpu_for_evaluator(config) -> None:
     raise SystemExit(f"error: evaluator.backend={config.evaluator.backend!r}; expected 'cuda' or 'scripted'")
 
 
+def set_xla_gpu_flags(triton_gemm: bool) -> None:
+  """XLA GPU flags from the config; call before JAX's backend starts (flags the user set in XLA_FLAGS win).
+
+  triton_gemm=False routes XLA's matmuls to cuBLAS instead of its Triton GEMM fusions: decode's skinny
+  [batch, D] x [D, F] matmuls ran at about half the speed in Triton fusions on the H200 (BENCHMARKS.md, sampler).
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  if not triton_gemm and "xla_gpu_enable_triton_gemm" not in flags:
+    os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_enable_triton_gemm=false").strip()
+
+
 def place_jax_beside_evaluator(config) -> None:
   """Keeps JAX and the evaluator workers from fighting over GPU memory; call before JAX's backend starts.
 
@@ -73,7 +84,8 @@ def model_config(config, tokenizer: Tokenizer) -> ModelConfig:
   """The policy's ModelConfig: from the HF checkpoint's config.json, else the named preset."""
   p = config.policy
   runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat,
-                 attention_impl=resolve_attention_impl(p.attention_impl, p.compute_dtype))
+                 attention_impl=resolve_attention_impl(p.attention_impl, p.compute_dtype),
+                 decode_attention=p.decode_attention)
   if p.checkpoint:
     return ModelConfig.from_hf_config(p.checkpoint, **runtime)
   cfg = get_preset(p.preset, **runtime)

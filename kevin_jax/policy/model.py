@@ -199,7 +199,8 @@ def _bf16_grad_matmul_fwd(spec, out_dtype, a, b):
 def _bf16_grad_matmul_bwd(spec, out_dtype, res, g):
   del out_dtype
   a, b = res
-  _, vjp = jax.vjp(lambda x, y: jnp.einsum(spec, x, y, preferred_element_type=jnp.float32).astype(a.dtype), a, b)
+  # A bf16-output einsum: its transposes are bf16 x bf16 GEMMs (fp32 accumulation inside the GEMM).
+  _, vjp = jax.vjp(lambda x, y: jnp.einsum(spec, x, y), a, b)
   return vjp(g.astype(a.dtype))
 
 

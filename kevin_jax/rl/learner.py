@@ -303,7 +303,8 @@ class Learner:
       model_cfg = get_preset(config.policy.preset, param_dtype=config.policy.param_dtype,
                              compute_dtype=config.policy.compute_dtype, remat=config.policy.remat,
                              attention_impl=resolve_attention_impl(config.policy.attention_impl,
-                                                                    config.policy.compute_dtype))
+                                                                    config.policy.compute_dtype),
+                             decode_attention=config.policy.decode_attention)
     cfg = grpo.GRPOConfig.from_config(config.rl)
     opt_cfg = OptimizerConfig.from_config(config.optimizer, config.total_steps * cfg.updates_per_batch)
     return cls(model_cfg, cfg, opt_cfg, mesh, temperature=config.sampler.temperature)
