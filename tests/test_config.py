@@ -22,8 +22,9 @@ def _leaves(cfg, prefix=""):
 
 
 def test_paper_defaults():
-  c = multiturn.get_config()
+  c = multiturn.get_config("paper")
   assert (c.rollout.tasks_per_step, c.rollout.trajectories, c.rollout.turns) == (8, 16, 4)
+  assert c.total_steps == 40 and c.policy.preset == "qwq-32b" and c.rl.scan_layers and c.policy.remat == "full"
   assert c.rl.gamma == 0.4 and c.rl.return_mode == "sum"
   assert (c.rl.epsilon_low, c.rl.epsilon_high) == (0.2, 0.28)
   assert c.rl.kl_beta == 0.0 and c.rl.loss_agg == "constant" and c.rl.updates_per_batch == 2
@@ -31,6 +32,13 @@ def test_paper_defaults():
   assert c.optimizer.max_grad_norm == 0.05
   assert c.sampler.temperature == 0.9
   assert c.evaluator.correct_weight == 0.3
+
+
+def test_embedded_default_sizes():
+  """The default job: the paper's per-task group (16 x 4) on 2 tasks per step, sized for one GPU."""
+  c = multiturn.get_config()
+  assert (c.rollout.tasks_per_step, c.rollout.trajectories, c.rollout.turns, c.total_steps) == (2, 16, 4, 20)
+  assert c.policy.preset == "small" and c.optimizer.learning_rate == 1e-5 and not c.rl.scan_layers
 
 
 def test_sections_present():

@@ -86,3 +86,12 @@ def test_continuing_from_history_numbers_turns():
   turns, _ = ro.rollout([ro.Start("b", hist)], SOURCES, turns=1, generate=policy, reward=reward,
                         encode_chat=encode_chat, max_context_tokens=10**6, seed=1)
   assert turns[0].turn == 2 and "### Attempt 2" in policy.prompts[0][0]
+
+
+def test_seq_bucket_ladder_bounds_padding_and_compiles():
+  from kevin_jax.rl.batch import seq_bucket  # pylint: disable=g-import-not-at-top
+  assert [seq_bucket(n) for n in (1, 256, 257, 385, 513, 1025, 4097, 6145)] == [
+      256, 256, 384, 512, 768, 1536, 6144, 8192]
+  sizes = {seq_bucket(n) for n in range(1, 16385)}
+  assert len(sizes) == 13  # 256 ... 16384: a handful of learner compiles for any RL run.
+  assert all(seq_bucket(n) < 1.5 * n + 1 for n in range(256, 16385))  # At most 50% padding.

@@ -34,8 +34,16 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.nda
   return returns_NxT[rows, cols].astype(np.float32), adv_NxT[rows, cols].astype(np.float32)
 
 
-def seq_bucket(length: int, multiple: int = 256) -> int:
-  return max(multiple, -(-length // multiple) * multiple)
+def seq_bucket(length: int, minimum: int = 256) -> int:
+  """Padded batch length: the smallest of minimum * {1, 1.5, 2, 3, 4, 6, 8, ...} that holds `length`.
+
+  Every new length compiles the learner step again (~15 s for the small policy on an H200, more for big ones);
+  with this ladder an RL run meets a handful of lengths, at most 50% (on average ~17%) padding.
+  """
+  b = minimum
+  while b < length:
+    b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3  # 2^k -> 1.5 * 2^k -> 2^(k+1)
+  return b
 
 
 def build_batch(turns: Sequence[Turn], advantages: np.ndarray, *, pad_id: int, rows_multiple: int,
