@@ -70,9 +70,10 @@ def attention_bench(b: int, p: int, new: int, gen_visible: int, reps: int, cfg) 
 
 
 def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np) -> dict:
-  cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl="cudnn" if jax.default_backend() == "gpu" else "xla",
+  prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
+  cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
                    decode_attention=impl)
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
   model = nnx.merge(graphdef, jax.tree.map(jax.device_put, state_np))
   sampler = Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(p,), kv_cache_dtype="bfloat16"))
   kw = dict(max_new_tokens=new, temperature=0.9, top_p=1.0, top_k=0, eos_ids=[])
@@ -111,7 +112,7 @@ def main():
   for b in batches:
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
-  _, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(get_preset(MODELS[a.model]), rngs=nnx.Rngs(0))))
+  _, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
   state_np = jax.tree.map(lambda x: (rng.standard_normal(x.shape, dtype=np.float32) * 0.02).astype(x.dtype),
                           abstract)
   for b in batches:

@@ -33,6 +33,7 @@ Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 # fp32 caches: IEEE fp32 dots (Triton's default for fp32 inputs is TF32); bf16 caches: plain bf16 tensor cores.
 _EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
 
 
@@ -54,7 +55,7 @@ class SlotRanges:
     return (s < self.prompt_len_B[:, None]) | ((s >= self.gen_start) & (s < self.gen_start + self.gen_len))
 
 
-def supported(num_slots: int, gen_start: int, head_dim: int, block_k: int = 64) -> bool:
+def supported(num_slots: int, gen_start: int, head_dim: int, block_k: int = BLOCK_K) -> bool:
   return num_slots % block_k == 0 and gen_start % block_k == 0 and head_dim % 16 == 0
 
 
@@ -109,7 +110,7 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = 64, num_splits: int = 0, interpret: bool = False) -> Array:
+                     block_k: int = BLOCK_K, num_splits: int = 0, interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype."""
   b, kh, g, h = q_BxKxGxH.shape
   s = k_BxKxSxH.shape[2]

@@ -5,19 +5,19 @@
                          stop_strings=("</kernel>",))
   out.tokens[i], out.text[i], out.logprobs[i], out.finish_reason[i]    # per prompt, in input order
 
-How it runs. Prompts are split into chunks of `batch_size`, right-padded to the smallest prompt bucket that
-fits (`prompt_buckets`), and each chunk makes two jitted calls: `_prefill` fills a [B, K, P + max_new_tokens, H]
-KV cache per layer (`kv_cache_dtype`, bf16 by default; max_new_tokens rounded up to 64 slots) and samples the first token from the last real prompt
-position; `_decode` takes that state (donated, so the cache is updated in place and never copied) and decodes
-in a `lax.while_loop` on device (no host round trip per token; attention by the model's `decode_attention`: on
-a GPU the Pallas kernel that reads only each row's prompt and generated slots) until every row has finished or
-`max_new_tokens` tokens exist. Both are compiled once per key (batch, prompt bucket, max_new_tokens, top_k,
-greedy / top-p on-off, number of stop sequences, cache dtype): calls with the same key reuse them, whatever the
-prompts, seed, temperature, top_p value or weights. The parameters are jit ARGUMENTS (never baked-in
-constants), so the RL loop can update them between calls without recompiling, and they may be sharded on a
-mesh (jit follows their shardings; pass `mesh` + `batch_axes` to also shard the batch). A chunk with fewer
-prompts than `batch_size` is padded with inactive rows (a call with fewer prompts than `batch_size` in total
-uses the next power of two instead, to save compute). `Sampler.warmup` compiles a key ahead of time.
+How it runs. Prompts are split into chunks of `batch_size`, right-padded to the smallest prompt bucket that fits
+(`prompt_buckets`), and each chunk makes two jitted calls: `_prefill` fills a [B, K, P + max_new_tokens, H] KV cache
+per layer (`kv_cache_dtype`, bf16 by default; max_new_tokens rounded up to 64 slots) and samples the first token
+from the last real prompt position; `_decode` takes that state (donated, so the cache is updated in place and never
+copied) and decodes in a `lax.while_loop` on device (no host round trip per token; attention by the model's
+`decode_attention`: on a GPU the Pallas kernel that reads only each row's prompt and generated slots) until every
+row has finished or `max_new_tokens` tokens exist. Both are compiled once per key (batch, prompt bucket,
+max_new_tokens, top_k, greedy / top-p on-off, number of stop sequences, cache dtype): calls with the same key reuse
+them, whatever the prompts, seed, temperature, top_p value or weights. The parameters are jit ARGUMENTS (never
+baked-in constants), so the RL loop can update them between calls without recompiling, and they may be sharded on a
+mesh (jit follows their shardings; pass `mesh` + `batch_axes` to also shard the batch). A chunk with fewer prompts
+than `batch_size` is padded with inactive rows (a call with fewer prompts than `batch_size` in total uses the next
+power of two instead, to save compute). `Sampler.warmup` compiles a key ahead of time.
 `Sampler.last_stats` holds the last call's decode steps and prefill / decode wall times.
 
 Sampling. temperature == 0 is greedy (argmax of the raw logits). Otherwise logits / temperature, then top-k
@@ -58,7 +58,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kevin_jax.policy.config import ModelConfig
-from kevin_jax.policy.decode_attention import SlotRanges
+from kevin_jax.policy.decode_attention import BLOCK_K, SlotRanges
 from kevin_jax.policy.model import KVCache, Qwen2
 
 Array = jax.Array
@@ -182,8 +182,8 @@ def _constrain(x, batch_sharding):
 
 
 def _gen_slots(max_new_tokens: int) -> int:
-  """Cache slots for generated tokens: max_new_tokens rounded up to the decode kernel's block (64)."""
-  return -(-max_new_tokens // 64) * 64
+  """Cache slots for generated tokens: max_new_tokens rounded up to the decode kernel's block."""
+  return -(-max_new_tokens // BLOCK_K) * BLOCK_K
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
