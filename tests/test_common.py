@@ -12,9 +12,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def gpu_subprocess_env() -> dict[str, str]:
-  """This environment minus tests/conftest.py's CPU pinning (JAX_PLATFORMS, fake-device XLA_FLAGS)."""
+  """This environment minus tests/conftest.py's CPU pinning (JAX_PLATFORMS, fake-device XLA_FLAGS), with the
+  repository first on PYTHONPATH (entries already there, e.g. a --target site of carried wheels, are kept)."""
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
-  env["PYTHONPATH"] = REPO_ROOT
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
   return env
 
 

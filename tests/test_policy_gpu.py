@@ -39,18 +39,22 @@ def test_cudnn_attention_matches_xla_bf16():
     mask = jnp.asarray(np.arange(t)[None] < lengths[:, None])
     positions = jnp.broadcast_to(jnp.arange(t), (b, t))
 
+    # A fixed random projection of the final-normed states: sum(h**2) would be ~constant after the RMS norm,
+    # leaving only rounding noise as gradients to compare.
+    r = jnp.asarray(np.random.RandomState(1).randn(b, t, cfg.hidden_size), jnp.float32)
+
     def loss(m):
       h = m.hidden(tokens, positions, mask)
-      return jnp.sum(jnp.where(mask[..., None], h.astype(jnp.float32), 0.0) ** 2) / 1e4, h
+      return jnp.sum(jnp.where(mask[..., None], h.astype(jnp.float32) * r, 0.0)) / 1e3, h
 
     (l_x, h_x), g_x = nnx.value_and_grad(loss, has_aux=True)(xla)
     (l_c, h_c), g_c = nnx.value_and_grad(loss, has_aux=True)(cudnn)
   m = np.asarray(mask)
   hx, hc = np.asarray(h_x, np.float32)[m], np.asarray(h_c, np.float32)[m]
   assert np.max(np.abs(hx - hc)) / np.max(np.abs(hx)) < 3e-2  # bf16 rounding only
-  for a, c in zip(jax.tree.leaves(g_x), jax.tree.leaves(g_c)):
+  for (path, a), c in zip(jax.tree_util.tree_leaves_with_path(g_x), jax.tree.leaves(g_c)):
     a, c = np.asarray(a, np.float32), np.asarray(c, np.float32)
-    assert np.linalg.norm(a - c) <= 5e-2 * np.linalg.norm(a) + 1e-6
+    assert np.linalg.norm(a - c) <= 5e-2 * np.linalg.norm(a) + 1e-6, jax.tree_util.keystr(path)
 
 
 def test_bf16_sampler_on_gpu_matches_fp32_forward(tmp_path):

@@ -73,7 +73,7 @@ def setup_devices(backend: str, n: int) -> str:
 
 def analyse(preset: str, seq_len: int, mesh_axes, *, micro_batch: int, remat: str, param_dtype: str,
             compute_dtype: str, state_dtype: str, attention: str, updates: int, batch: int | None,
-            logits_chunk: int, config_arg: str = "") -> dict:
+            logits_chunk: int, scan_layers: bool | None = None, config_arg: str = "") -> dict:
   """Compiles the learner step abstractly and returns the memory report (a JSON-able dict)."""
   import jax  # pylint: disable=g-import-not-at-top
   from configs import multiturn  # pylint: disable=g-import-not-at-top
@@ -91,6 +91,8 @@ def analyse(preset: str, seq_len: int, mesh_axes, *, micro_batch: int, remat: st
   config.rl.updates_per_batch = updates
   config.rl.logits_chunk = logits_chunk
   config.optimizer.state_dtype = state_dtype
+  # Remat only lowers peak memory with scanned layers (the paper preset scans); None keeps them together.
+  config.rl.scan_layers = remat != "none" if scan_layers is None else scan_layers
   model_cfg = get_preset(preset, param_dtype=param_dtype, compute_dtype=compute_dtype, remat=remat,
                          attention_impl=attention)
   learner = Learner.from_config(config, mesh, model_cfg=model_cfg)
@@ -117,7 +119,7 @@ def analyse(preset: str, seq_len: int, mesh_axes, *, micro_batch: int, remat: st
       "preset": preset, "params": model_cfg.num_params(), "seq_len": seq_len, "mesh": dict(mesh.shape),
       "devices": f"{n} x {devices[0].device_kind} ({jax.default_backend()})",
       "batch_rows": rows, "micro_batch_per_device": micro_batch, "updates_per_batch": updates,
-      "remat": remat, "attention": attention, "param_dtype": param_dtype, "state_dtype": state_dtype,
+      "remat": remat, "scan_layers": config.rl.scan_layers, "attention": attention, "param_dtype": param_dtype, "state_dtype": state_dtype,
       "master_weights": learner.use_master, "compile_seconds": round(seconds, 1),
       "per_device_bytes": {
           "arguments": arg, "outputs": out, "aliased": alias, "temporaries": temp,
@@ -139,6 +141,8 @@ def main(argv=None) -> int:
   p.add_argument("--mesh", default="fsdp=8", help="mesh axes, e.g. fsdp=8 or fsdp=4,tensor=2")
   p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per micro-batch")
   p.add_argument("--remat", default="full", choices=("none", "full", "dots"))
+  p.add_argument("--scan-layers", default="auto", choices=("auto", "on", "off"),
+                 help="scan the decoder layers (auto: on with remat, as in the paper preset)")
   p.add_argument("--param-dtype", default="bfloat16", choices=("bfloat16", "float32"))
   p.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float32"))
   p.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16"))
@@ -158,7 +162,8 @@ def main(argv=None) -> int:
         "(no weights are allocated) ...", flush=True)
   r = analyse(a.preset, a.seq_len, mesh_axes, micro_batch=a.micro_batch, remat=a.remat,
               param_dtype=a.param_dtype, compute_dtype=a.compute_dtype, state_dtype=a.state_dtype,
-              attention=attention, updates=a.updates, batch=a.batch, logits_chunk=a.logits_chunk)
+              attention=attention, updates=a.updates, batch=a.batch, logits_chunk=a.logits_chunk,
+              scan_layers=None if a.scan_layers == "auto" else a.scan_layers == "on")
   r["backend"] = backend
   r["hbm_gib"] = a.hbm_gib
   b = r["per_device_bytes"]
@@ -168,7 +173,7 @@ def main(argv=None) -> int:
       json.dump(r, f, indent=2)
   print(f"{r['preset']} ({r['params'] / 1e9:.2f}B params) | {r['devices']} | mesh {r['mesh']} | "
         f"{r['batch_rows']} rows x {r['seq_len']} tokens | micro-batch {r['micro_batch_per_device']}/device | "
-        f"remat {r['remat']} | attention {r['attention']} | params {r['param_dtype']} "
+        f"remat {r['remat']} (scanned layers: {r['scan_layers']}) | attention {r['attention']} | params {r['param_dtype']} "
         f"(fp32 master: {r['master_weights']}) | Adam moments {r['state_dtype']} | compile {r['compile_seconds']} s")
   print("per device:")
   for k in ("state_params", "state_master", "state_optimizer", "arguments", "outputs", "aliased", "temporaries",
