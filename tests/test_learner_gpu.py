@@ -22,7 +22,7 @@ def test_memcheck_compiles_for_8_gpus_on_one(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "kevin_jax.rl.memcheck", "--preset", "small", "--seq-len", "2048", "--mesh",
        "fsdp=8", "--micro-batch", "1", "--remat", "full", "--backend", "gpu", "--json", str(out)],
-      cwd=ROOT, env=gpu_subprocess_env(), capture_output=True, text=True, timeout=900)
+      cwd=ROOT, env=gpu_subprocess_env(), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   r = json.loads(out.read_text())
   assert r["backend"] == "gpu" and r["mesh"] == {"fsdp": 8} and r["attention"] == "cudnn"
@@ -43,7 +43,7 @@ def test_cudnn_and_xla_attention_give_the_same_learner_step(tmp_path):
     proc = subprocess.run(
         [sys.executable, "experiments/bench_learner.py", "--presets", "small", "--seq-len", "1024",
          "--micro-batch", "small=2", "--steps", "1", "--attention", impl, "--out", str(out)],
-        cwd=ROOT, env=gpu_subprocess_env(), capture_output=True, text=True, timeout=900)
+        cwd=ROOT, env=gpu_subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / "bench_learner.json").read_text())["results"][0]
     norms[impl] = r["grad_norm"]
