@@ -157,6 +157,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluation.beam_clones = 4  # Copies of each kept trajectory [blog: 4x, back to 16].
   c.evaluation.beam_rounds = 2  # Rounds of (turns_per_round turns, select, clone).
   c.evaluation.beam_turns_per_round = 4  # Turns per beam round [blog: 4 steps].
+  # Evaluations inside the RL job (mode=train) of the current policy on fixed task splits: before step 1, every
+  # in_training_every steps and after the last step, with the same sampling seed each time (paired before/after
+  # numbers). Writes workdir/eval_metrics.jsonl (step 0 = the starting policy) and eval_rollouts/.
+  c.evaluation.in_training_splits = ("train", "test")  # Splits to evaluate (() = none).
+  c.evaluation.in_training_every = 0  # Also every N RL steps (0 = only before the first and after the last).
+  c.evaluation.in_training_trajectories = 4  # Parallel trajectories per task, k.
+  c.evaluation.in_training_turns = 4  # Turns per trajectory (the training rollout's 4).
+  c.evaluation.in_training_max_tasks = 0  # At most this many tasks per split, in split order (0 = all).
 
   # --- Supervised warm start (mode=sft, configs/sft.py, kevin_jax/sft.py): cross-entropy on response tokens. ---
   c.sft = ml_collections.ConfigDict()
@@ -229,6 +237,10 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.evaluator.correctness_trials = 2
       c.evaluator.timing_runs = 10
       c.checkpoint.every_steps = 1
+      c.evaluation.in_training_splits = ("test",)
+      c.evaluation.in_training_trajectories = 2
+      c.evaluation.in_training_turns = 2
+      c.evaluation.in_training_max_tasks = 2
     elif name == "paper":
       c.total_steps = 40  # [P §1: "up to 40 steps (80 gradient steps)"].
       c.optimizer.learning_rate = 2e-6  # [P §1].
@@ -246,6 +258,8 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.tasks.source = "KernelBench/KernelBench"  # Point at a local checkout.
       from configs import kernelbench  # pylint: disable=g-import-not-at-top
       c.tasks.train_ids, c.tasks.test_ids = kernelbench.split_ids()  # 90+90 train, 10+10 held out [P §1].
+      c.evaluation.in_training_splits = ("test",)  # The 20 held-out tasks ...
+      c.evaluation.in_training_every = 10  # ... every 10 steps.
       c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs (STYLE.md practice 7).
     else:
       raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper")

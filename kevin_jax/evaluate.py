@@ -44,6 +44,13 @@ class EvalSettings:
                max_context_tokens=config.rollout.max_context_tokens,
                feedback_max_chars=config.rollout.feedback_max_chars)
 
+  @classmethod
+  def in_training(cls, config) -> "EvalSettings":
+    """The RL job's own evaluations (config.evaluation.in_training_*): one k x n run, no budgets, no beam."""
+    e = config.evaluation
+    return dataclasses.replace(cls.from_config(config), trajectories=e.in_training_trajectories,
+                               turns=e.in_training_turns, budgets=(), beam=False)
+
 
 def _correct_speedup(turns: Sequence[ro.Turn]):
   correct = ro.to_matrix(turns, lambda t: float(t.result.get("status") == "correct")).astype(bool)
@@ -59,6 +66,25 @@ def per_turn_table(turns: Sequence[ro.Turn], task_ids: Sequence[str], n_turns: i
     per_task = [km.task_summary(*_correct_speedup(ts), turns=t) for ts in by_task.values()]
     rows.append({"turn": t, **km.suite_summary(per_task)})
   return rows
+
+
+def summarize(turns: Sequence[ro.Turn], task_ids: Sequence[str], n_turns: int) -> dict[str, float]:
+  """Flat scalars of one evaluation: best@k / avg@k metrics after all n turns, plus per-kernel means over
+  every turn's kernel (kernel/score_mean, kernel/correct_rate, kernel/speedup_mean_correct)."""
+  out = {k: v for k, v in per_turn_table(turns, task_ids, n_turns)[-1].items() if k != "turn"}
+  kernels = km.kernel_summary([str(t.result.get("status")) for t in turns], [t.score for t in turns],
+                              [float(t.result.get("speedup") or 0.0) for t in turns])
+  out.update({f"kernel/{k}": v for k, v in kernels.items()})
+  return out
+
+
+def evaluate_policy(task_ids: Sequence[str], sources: dict[str, str], s: EvalSettings, *, seed: int,
+                    generate: Callable, reward: Callable, encode_chat: Callable) -> tuple[dict, list]:
+  """k trajectories x n turns per task (s.trajectories, s.turns); returns (summarize(...), the turns)."""
+  turns, times = _run(task_ids, sources, s.trajectories, s.turns, seed, generate, reward, encode_chat, s)
+  out = summarize(turns, task_ids, s.turns)
+  out.update({"tasks": len(task_ids), "time/generate_s": times.generate_s, "time/evaluate_s": times.reward_s})
+  return out, turns
 
 
 def _run(task_ids, sources, k, n, seed, generate, reward, encode_chat, s: EvalSettings, starts=None):

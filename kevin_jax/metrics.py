@@ -21,14 +21,15 @@ class MetricWriter:
   Appending (never truncating) keeps a resumed run's history; `read_metrics` returns the last record per step.
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, filename: str = "metrics.jsonl"):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, filename: str = "metrics.jsonl",
+               tensorboard_dir: str = "tensorboard"):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, filename)
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # Light writer, no TensorFlow (DESIGN.md).
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = SummaryWriter(os.path.join(workdir, tensorboard_dir))
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}

@@ -7,7 +7,9 @@ the jitted sampler (the learner's parameters, no copy) and the reward (the sandb
 process, or a scripted reward for CPU dry runs); per-turn discounted returns and per-task advantages; one learner
 step (`rl.updates_per_batch` optimizer updates). Writes workdir/metrics.jsonl (+ TensorBoard),
 workdir/rollouts/step_NNNNNN.jsonl (every turn: prompt id, response, result), workdir/config.json, and Orbax
-checkpoints in workdir/checkpoints. Rerunning with the same workdir resumes from the latest checkpoint: step,
+checkpoints in workdir/checkpoints. Before step 1, every `evaluation.in_training_every` steps and after the last,
+it evaluates the current policy on fixed task splits (InTrainingEval: workdir/eval_metrics.jsonl, step 0 = the
+starting policy). Rerunning with the same workdir resumes from the latest checkpoint: step,
 parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
 resumed run reproduces an uninterrupted one.
 """
@@ -77,10 +79,61 @@ def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources
   return state, m
 
 
-def _save_turns(workdir: str, step: int, turns) -> None:
-  d = os.path.join(workdir, "rollouts")
+class InTrainingEval:
+  """The RL job's evaluations of its current policy (config.evaluation.in_training_*) on fixed task splits.
+
+  Each split keeps one sampling seed for the whole run, so the step-0 (starting policy) and later numbers are
+  paired. Scalars go to workdir/eval_metrics.jsonl as '<split>/<metric>' (evaluate.summarize), every turn to
+  workdir/eval_rollouts/step_NNNNNN_<split>.jsonl.
+  """
+
+  def __init__(self, config, train_specs, train_sources: dict[str, str], policy: runtime.Policy, workdir: str):
+    from kevin_jax import evaluate  # pylint: disable=g-import-not-at-top
+    e = config.evaluation
+    self.config, self.policy, self.workdir = config, policy, workdir
+    self.settings = evaluate.EvalSettings.in_training(config)
+    self.splits: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for split in e.in_training_splits:
+      specs, sources = ((train_specs, train_sources) if split == "train" else runtime.load_tasks(config, split))
+      ids = [sp.id for sp in specs][:e.in_training_max_tasks or None]
+      if not ids:
+        raise ValueError(f"evaluation.in_training_splits: split {split!r} has no tasks")
+      self.splits[split] = (ids, {i: sources[i] for i in ids})
+    self._writer = None
+
+  def due(self, step: int) -> bool:
+    every = self.config.evaluation.in_training_every
+    return bool(self.splits) and (step in (0, self.config.total_steps) or (every > 0 and step % every == 0))
+
+  def __call__(self, step: int, params, reward) -> dict[str, float]:
+    from kevin_jax import evaluate  # pylint: disable=g-import-not-at-top
+    if self._writer is None:
+      self._writer = metrics_lib.MetricWriter(self.workdir, tensorboard=self.config.logging.tensorboard,
+                                              filename="eval_metrics.jsonl", tensorboard_dir="tensorboard_eval")
+    out = {}
+    for i, (split, (ids, sources)) in enumerate(self.splits.items()):
+      summary, turns = evaluate.evaluate_policy(
+          ids, sources, self.settings, seed=1_000_003 * (self.config.seed + 1) + i,
+          generate=make_generate(self.policy, params), reward=reward, encode_chat=self.policy.encode_chat)
+      _save_turns(self.workdir, step, turns, subdir="eval_rollouts", suffix=f"_{split}")
+      out.update({f"{split}/{k}": v for k, v in summary.items()})
+      k = self.settings.trajectories
+      logging.info("eval at step %d, %s split (%d tasks, %d x %d): kernel score mean %.3f, kernels correct %.1f%%, "
+                   "correct best@%d %.0f%%, perf best@%d %.2fx, perf avg@%d %.2fx", step, split, len(ids), k,
+                   self.settings.turns, summary["kernel/score_mean"], 100 * summary["kernel/correct_rate"], k,
+                   100 * summary["correct_best"], k, summary["perf_best"], k, summary["perf_avg"])
+    self._writer.write(step, out)
+    return out
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+
+def _save_turns(workdir: str, step: int, turns, subdir: str = "rollouts", suffix: str = "") -> None:
+  d = os.path.join(workdir, subdir)
   os.makedirs(d, exist_ok=True)
-  path = os.path.join(d, f"step_{step:06d}.jsonl")
+  path = os.path.join(d, f"step_{step:06d}{suffix}.jsonl")
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     for t in turns:
       f.write(json.dumps(t.record(step)) + "\n")
@@ -123,10 +176,13 @@ def run(config, workdir: str) -> None:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
     ckpt.close()
     return
+  in_eval = InTrainingEval(config, specs, sources, policy, workdir)
   reward = runtime.make_reward(config, config.tasks.source)
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   progress = metrics_lib.Progress(config.total_steps, "rl step", start=start, every_s=0.0, unit="steps")
   try:
+    if start == 0 and in_eval.due(0):
+      in_eval(0, state.params, reward)  # The starting policy (after any warm start), before any RL update.
     for step in range(start + 1, config.total_steps + 1):
       state, m = rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
                          task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir)
@@ -134,10 +190,13 @@ def run(config, workdir: str) -> None:
       progress.update(1, reward=m["reward/mean"], correct=m["correct/rate"],
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],
                       eval_s=m["time/evaluate_s"], learn_s=m["time/learn_s"])
+      if in_eval.due(step):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
+        in_eval(step, state.params, reward)
       if step % config.checkpoint.every_steps == 0 or step == config.total_steps:
         ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
   finally:
     writer.close()
+    in_eval.close()
     ckpt.close()
     if hasattr(reward, "close"):
       reward.close()

@@ -51,3 +51,16 @@ def test_turn_score_table():
 def test_shape_errors():
   with pytest.raises(ValueError, match="matching"):
     km.trajectory_performance(np.zeros((2, 3), bool), np.zeros((2, 2)))
+
+
+def test_kernel_summary_hand_computed():
+  statuses = ["correct", "incorrect", "correct", "format_error"]
+  scores = [1.5, 0.0, 0.8, 0.0]  # 0.3 + 1.2 and 0.3 + 0.5
+  speedups = [1.2, 3.0, 0.5, 0.0]  # The incorrect kernel's 3.0 must not count.
+  s = km.kernel_summary(statuses, scores, speedups)
+  assert s["score_mean"] == pytest.approx(0.575)
+  assert s["correct_rate"] == pytest.approx(0.5)
+  assert s["speedup_mean_correct"] == pytest.approx(0.85)
+  assert km.kernel_summary(["incorrect"], [0.0], [2.0])["speedup_mean_correct"] == 0.0
+  with pytest.raises(ValueError):
+    km.kernel_summary([], [], [])

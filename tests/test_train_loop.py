@@ -35,6 +35,7 @@ def _config(total_steps=2):
   c.logging.tensorboard = False
   c.mesh.axes = (("fsdp", -1), ("tensor", 2))  # 4 x 2 over the 8 fake devices: FSDP and tensor parallel.
   c.sft.before_rl = False  # The warm start has its own tests (tests/test_sft.py); see test_warm_start_first.
+  c.evaluation.in_training_splits = ()  # In-loop evaluations: test_in_training_eval_before_after_and_resume.
   return c
 
 
@@ -87,6 +88,54 @@ def test_loop_runs_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
       assert b == pytest.approx(a, rel=1e-6, abs=1e-7), key
     else:
       assert a == b, key
+
+
+def test_in_training_eval_before_after_and_resume(tmp_path, monkeypatch):
+  """Evaluations of both splits before step 1 (step 0) and after the last step, with paired seeds: a run that
+  crashes in step 2 and resumes writes the same step-0 and step-2 evaluations as an uninterrupted run, once each."""
+  def config():
+    c = _config(total_steps=2)
+    c.evaluation.in_training_splits = ("train", "test")
+    c.evaluation.in_training_trajectories = 2
+    c.evaluation.in_training_turns = 2
+    c.evaluation.in_training_max_tasks = 2
+    return c
+
+  full = tmp_path / "full"
+  train.run(config(), str(full))
+  lines = [json.loads(l) for l in open(full / "eval_metrics.jsonl")]
+  assert [r["step"] for r in lines] == [0, 2]
+  for r in lines:
+    for split in ("train", "test"):
+      assert r[f"{split}/tasks"] == 2
+      turns = [json.loads(l) for l in open(full / "eval_rollouts" / f"step_{r['step']:06d}_{split}.jsonl")]
+      assert len(turns) == 2 * 2 * 2  # tasks x trajectories x turns
+      scores = [t["result"]["score"] for t in turns]
+      correct = [t["result"]["status"] == "correct" for t in turns]
+      assert r[f"{split}/kernel/score_mean"] == pytest.approx(sum(scores) / 8)
+      assert r[f"{split}/kernel/correct_rate"] == pytest.approx(sum(correct) / 8)
+      assert 0 <= r[f"{split}/correct_avg"] <= r[f"{split}/correct_best"] <= 1
+  assert lines[0]["train/kernel/score_mean"] > 0  # The scripted reward passes about 2/3 of the kernels.
+
+  crashed = tmp_path / "crashed"
+  real_step = train.rl_step
+
+  def crash_in_step_2(step, state, **kw):
+    if step == 2:
+      raise _Crash("simulated kill during step 2")
+    return real_step(step, state, **kw)
+
+  monkeypatch.setattr(train, "rl_step", crash_in_step_2)
+  with pytest.raises(_Crash):
+    train.run(config(), str(crashed))
+  monkeypatch.setattr(train, "rl_step", real_step)
+  train.run(config(), str(crashed))
+  again = [json.loads(l) for l in open(crashed / "eval_metrics.jsonl")]
+  assert [r["step"] for r in again] == [0, 2]  # The starting policy is not re-evaluated on resume.
+  for a, b in zip(lines, again):
+    for key, value in a.items():
+      if "time/" not in key:
+        assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
 
 
 def test_no_gpu_stops_before_writing(tmp_path):

@@ -72,3 +72,14 @@ def turn_score_table(scores_KxN: np.ndarray) -> dict[str, list[float]]:
   """Per-turn mean and max of kernel scores (columns = turns)."""
   scores_KxN = np.asarray(scores_KxN, float)
   return {"mean": scores_KxN.mean(axis=0).tolist(), "max": scores_KxN.max(axis=0).tolist()}
+
+
+def kernel_summary(statuses: Sequence[str], scores: Sequence[float], speedups: Sequence[float]) -> dict[str, float]:
+  """Per-kernel means over evaluated kernels (each turn's candidate is one kernel): the mean score (the reward,
+  failures 0), the share that is correct, and the mean speedup of the correct ones (0 if none is)."""
+  if not (len(statuses) == len(scores) == len(speedups)) or not statuses:
+    raise ValueError(f"expected equal, non-empty sequences, got {len(statuses)}, {len(scores)}, {len(speedups)}")
+  correct = np.array([s == "correct" for s in statuses])
+  sp = np.asarray(speedups, float)[correct]
+  return {"score_mean": float(np.mean(scores)), "correct_rate": float(correct.mean()),
+          "speedup_mean_correct": float(sp.mean()) if sp.size else 0.0}
