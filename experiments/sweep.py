@@ -9,9 +9,13 @@ Sweeps:
   aggregation      rl.gamma in {0.4, 0.8} x rl.return_mode in {sum, max}      (paper: sum with 0.4 scaled best)
   turns            rollout.turns in {1, 2, 4} at a fixed kernel budget (trajectories 64 / 32 / 16)
   single_vs_multi  configs/multiturn.py (16 x 4) vs configs/singleturn.py:same_budget (64 x 1)
-Each run writes to <root>/<sweep>/<name>; rerunning a command resumes it. `--collect` reads every run's
-metrics.jsonl and reports the mean of the last `--last` steps of reward/mean, correct/rate and
-speedup/mean_correct, plus reward/mean per step in <root>/<sweep>/curves.png.
+  evidence         the embedded default's evidence (issue 8): multi-turn with seeds 0 and 1, single-turn 64 x 1
+                   with seed 0, each with its in-job evaluations of the train and test splits before and after RL
+Each run writes to <root>/<sweep>/<name>; rerunning a command resumes it; `--only a,b` picks runs. `--collect`
+reads every run's metrics.jsonl and reports the mean of the last `--last` steps of reward/mean, correct/rate and
+speedup/mean_correct, plus reward/mean and correct/rate per step in <root>/<sweep>/curves.png; where a run has
+eval_metrics.jsonl (the RL job's own evaluations), a before/after table per split (step 0 vs the last step).
+`--compact` deletes the runs' checkpoints and exported weights (keeps metrics, rollouts, configs).
 """
 
 from __future__ import annotations
@@ -36,16 +40,29 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                [f"--config.rollout.turns={n}", f"--config.rollout.trajectories={64 // n}"]) for n in (1, 2, 4)],
     "single_vs_multi": [("multi_16x4", "configs/multiturn.py", []),
                         ("single_64x1", "configs/singleturn.py:same_budget", [])],
+    "evidence": [("multi_s0", "configs/multiturn.py", ["--config.seed=0"]),
+                 ("multi_s1", "configs/multiturn.py", ["--config.seed=1"]),
+                 ("single_s0", "configs/singleturn.py:same_budget", ["--config.seed=0"])],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
+# eval_metrics.jsonl keys (kevin_jax/evaluate.summarize) in the before/after table, with their labels.
+EVAL_METRICS = (("kernel/score_mean", "kernel score mean"), ("kernel/correct_rate", "kernels correct"),
+                ("kernel/speedup_mean_correct", "speedup of correct kernels"), ("correct_best", "correct best@k"),
+                ("correct_avg", "correct avg@k"), ("perf_best", "perf best@k"), ("perf_avg", "perf avg@k"))
 
 
-def commands(sweep: str, root: str, extra: list[str]) -> list[tuple[str, list[str]]]:
-  """(run name, argv) per configuration of the sweep."""
+def commands(sweep: str, root: str, extra: list[str], only: str = "") -> list[tuple[str, list[str]]]:
+  """(run name, argv) per configuration of the sweep (those named in `only`, comma-separated, if given)."""
   if sweep not in SWEEPS:
     raise SystemExit(f"unknown sweep {sweep!r}; known: {', '.join(SWEEPS)}")
+  names = [n for n, _, _ in SWEEPS[sweep]]
+  picked = [n for n in only.split(",") if n]
+  if any(n not in names for n in picked):
+    raise SystemExit(f"--only {only!r}: sweep {sweep!r} has runs {', '.join(names)}")
   out = []
   for name, config, overrides in SWEEPS[sweep]:
+    if picked and name not in picked:
+      continue
     workdir = os.path.join(root, sweep, name)
     out.append((name, [sys.executable, "-m", "kevin_jax.main", f"--config={config}", f"--workdir={workdir}",
                        *overrides, *extra]))
@@ -67,7 +84,7 @@ def collect(sweep: str, root: str, last: int) -> list[dict]:
       vals = [float(r[m]) for r in tail if isinstance(r.get(m), (int, float))]
       row[m] = sum(vals) / len(vals) if vals else float("nan")
     rows.append(row)
-    curves[name] = [(s, float(r["reward/mean"])) for s, r in recs.items() if "reward/mean" in r]
+    curves[name] = {m: [(s, float(r[m])) for s, r in recs.items() if m in r] for m in ("reward/mean", "correct/rate")}
   out_dir = os.path.join(root, sweep)
   os.makedirs(out_dir, exist_ok=True)
   header = ["run", "steps", *METRICS]
@@ -78,23 +95,89 @@ def collect(sweep: str, root: str, last: int) -> list[dict]:
   lines = [f"# Sweep `{sweep}` (mean of the last {last} steps)", "", "| " + " | ".join(header) + " |",
            "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(_cell(r.get(h, "")) for h in header) + " |" for r in rows]
+  evals = before_after(sweep, root)
+  if evals:
+    lines += ["", "Before -> after RL (the job's own evaluations: step 0 = the starting policy, then the last step; "
+              "k trajectories x n turns per task, the same sampling seed both times):", "",
+              "| run | split | tasks | steps | " + " | ".join(label for _, label in EVAL_METRICS) + " |",
+              "|" + "---|" * (4 + len(EVAL_METRICS))]
+    for e in evals:
+      cells = []
+      for key, _ in EVAL_METRICS:
+        b, a = e["before"].get(key), e["after"].get(key)
+        cell = f"{_fmt_eval(key, b)} -> {_fmt_eval(key, a)}"
+        if key == "kernel/score_mean" and b:
+          cell += f" ({100 * (a - b) / b:+.0f}%)"
+        cells.append(cell)
+      lines.append(f"| {e['run']} | {e['split']} | {e['tasks']} | 0 -> {e['step']} | " + " | ".join(cells) + " |")
+    with open(os.path.join(out_dir, "before_after.csv"), "w", newline="", encoding="utf-8") as f:
+      w = csv.writer(f)
+      w.writerow(["run", "split", "tasks", "step", "when"] + [k for k, _ in EVAL_METRICS])
+      for e in evals:
+        for when in ("before", "after"):
+          w.writerow([e["run"], e["split"], e["tasks"], 0 if when == "before" else e["step"], when]
+                     + [e[when].get(k, "") for k, _ in EVAL_METRICS])
   with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   if curves:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in curves.items():
-      ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("reward/mean (kernel score per turn-sample)")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (m, label) in zip(axes, (("reward/mean", "reward/mean (kernel score per turn-sample)"),
+                                     ("correct/rate", "correct/rate (share of correct kernels)"))):
+      for name, by_metric in curves.items():
+        pts = by_metric[m]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
+      ax.set_xlabel("RL step")
+      ax.set_ylabel(label)
+    axes[0].legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "curves.png"), dpi=100)
     plt.close(fig)
   print("\n".join(lines))
   return rows
+
+
+def before_after(sweep: str, root: str) -> list[dict]:
+  """Per run and split: the step-0 and last-step records of eval_metrics.jsonl ('<split>/<key>' scalars)."""
+  out = []
+  for name, _, _ in SWEEPS[sweep]:
+    path = os.path.join(root, sweep, name, "eval_metrics.jsonl")
+    if not os.path.isfile(path):
+      continue
+    recs = read_metrics(path)
+    last = max(recs)
+    if 0 not in recs or last == 0:
+      continue
+    splits = sorted({k.split("/", 1)[0] for k in recs[0] if k != "step" and "/" in k})
+    for split in splits:
+      pick = lambda r, split=split: {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith(split + "/")}
+      before, after = pick(recs[0]), pick(recs[last])
+      out.append({"run": name, "split": split, "step": last, "tasks": before.get("tasks", ""), "before": before,
+                  "after": after})
+  return out
+
+
+def _fmt_eval(key: str, v) -> str:
+  if not isinstance(v, (int, float)):
+    return "?"
+  if key.startswith("perf") or "speedup" in key:
+    return f"{v:.2f}x"
+  if "score" in key:
+    return f"{v:.3f}"
+  return f"{100 * v:.1f}%"
+
+
+def compact(sweep: str, root: str) -> None:
+  """Deletes every run's checkpoints and exported weights (large); metrics, rollouts and configs stay."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  for name, _, _ in SWEEPS[sweep]:
+    for sub in ("checkpoints", os.path.join("sft", "checkpoints"), os.path.join("sft", "hf")):
+      d = os.path.join(root, sweep, name, sub)
+      if os.path.isdir(d):
+        shutil.rmtree(d)
+        print(f"deleted {d}")
 
 
 def _cell(v) -> str:
@@ -108,13 +191,18 @@ def main(argv=None) -> int:
   p.add_argument("--run", action="store_true", help="run every configuration (sequentially)")
   p.add_argument("--collect", action="store_true", help="summarise finished runs into a table and a plot")
   p.add_argument("--last", type=int, default=5, help="steps averaged per run in the table")
+  p.add_argument("--only", default="", help="comma-separated run names of the sweep to print/run")
+  p.add_argument("--compact", action="store_true", help="delete the runs' checkpoints and exported weights")
   p.add_argument("extra", nargs="*", help="overrides for every run, after --")
   args = p.parse_args(argv)
-  if args.collect:
-    collect(args.sweep, args.root, args.last)
+  if args.collect or args.compact:
+    if args.collect:
+      collect(args.sweep, args.root, args.last)
+    if args.compact:
+      compact(args.sweep, args.root)
     return 0
   failed = []
-  for name, cmd in commands(args.sweep, args.root, args.extra):
+  for name, cmd in commands(args.sweep, args.root, args.extra, args.only):
     print(f"# {name}\n{shlex.join(cmd)}", flush=True)
     if args.run and subprocess.run(cmd, cwd=ROOT).returncode != 0:
       failed.append(name)

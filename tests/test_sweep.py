@@ -48,3 +48,34 @@ def test_collect_table(tmp_path):
   assert rows["sum_g0.8"]["steps"] == 0  # Not run yet.
   for f in ("summary.md", "summary.csv", "curves.png"):
     assert os.path.getsize(tmp_path / "aggregation" / f) > 0
+
+
+def test_evidence_before_after_table_only_and_compact(tmp_path):
+  names = [n for n, _ in sweep.commands("evidence", str(tmp_path), [], only="multi_s1,single_s0")]
+  assert names == ["multi_s1", "single_s0"]
+  argv = dict(sweep.commands("evidence", str(tmp_path), []))
+  assert "--config=configs/singleturn.py:same_budget" in argv["single_s0"] and "--config.seed=1" in argv["multi_s1"]
+  with pytest.raises(SystemExit, match="has runs"):
+    sweep.commands("evidence", str(tmp_path), [], only="multi_s7")
+  d = tmp_path / "evidence" / "multi_s0"
+  os.makedirs(d / "checkpoints" / "20")
+  os.makedirs(d / "sft" / "hf")
+  with open(d / "metrics.jsonl", "w") as f:
+    for s in (1, 2):
+      f.write(json.dumps({"step": s, "reward/mean": 0.1 * s, "correct/rate": 0.2, "speedup/mean_correct": 1.0}) + "\n")
+  with open(d / "eval_metrics.jsonl", "w") as f:
+    for s, score, rate in ((0, 0.2, 0.1), (2, 0.3, 0.25)):
+      f.write(json.dumps({"step": s, "train/tasks": 30, "train/kernel/score_mean": score,
+                          "train/kernel/correct_rate": rate, "train/perf_best": 2 * score,
+                          "test/tasks": 10, "test/kernel/score_mean": score / 2}) + "\n")
+  evals = {e["split"]: e for e in sweep.before_after("evidence", str(tmp_path))}
+  assert set(evals) == {"train", "test"} and evals["train"]["step"] == 2 and evals["train"]["tasks"] == 30
+  assert evals["train"]["before"]["kernel/correct_rate"] == 0.1 and evals["train"]["after"]["perf_best"] == 0.6
+  sweep.collect("evidence", str(tmp_path), last=2)
+  md = open(tmp_path / "evidence" / "summary.md").read()
+  assert "| multi_s0 | train | 30 | 0 -> 2 | 0.200 -> 0.300 (+50%) | 10.0% -> 25.0% |" in md
+  assert "| multi_s0 | test | 10 | 0 -> 2 | 0.100 -> 0.150 (+50%) | ? -> ? |" in md
+  assert len(open(tmp_path / "evidence" / "before_after.csv").readlines()) == 1 + 2 * 2
+  assert sweep.main(["evidence", "--root", str(tmp_path), "--compact"]) == 0
+  assert not os.path.exists(d / "checkpoints") and not os.path.exists(d / "sft" / "hf")
+  assert os.path.exists(d / "metrics.jsonl")
