@@ -362,7 +362,8 @@ class Pool:
           job = w.job
           limit = job.timeouts.get(job.phase.split(":")[0], job.timeouts.get(""))
           info = f"no progress within {limit:.0f} s in phase '{job.phase}'"
-          log.warning("killing %s worker %s: %s", self.role, w.name, info)
+          log.warning("killing %s worker %s: %s (task %s; phases so far: %s)", self.role, w.name, info,
+                      job.affinity, job.phases[-6:])
           w.job = None
           w.state = "killed"
           events.append(Event("timeout", job, info=info))
