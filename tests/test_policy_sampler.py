@@ -48,6 +48,25 @@ def _fresh_logps(model, prompt, tokens, temperature=1.0):
   return logp[idx, tokens], logits[idx]
 
 
+@pytest.mark.parametrize("v", [151936, 8192, 1000, 700, 300])
+def test_argmax_rows_equals_argmax(v):
+  """Two-stage argmax == jnp.argmax: random rows, rows of ties (small integers), -inf and NaN entries, a maximum
+  in the padded last chunk's real part, and vocabularies that do not divide into the chunks."""
+  rng = np.random.RandomState(v)
+  rows = [rng.randn(v), rng.randint(0, 3, v).astype(np.float64), np.full(v, -np.inf), np.zeros(v)]
+  tail = rng.randn(v)
+  tail[-1] = 50.0
+  nan = rng.randn(v)
+  nan[v // 3] = np.nan
+  nan[v // 2] = np.nan
+  rows += [tail, nan]
+  x = jnp.asarray(np.stack(rows), jnp.float32)
+  want = np.asarray(jnp.argmax(x, axis=-1))
+  got = np.asarray(jax.jit(sampler_lib.argmax_rows)(x))
+  np.testing.assert_array_equal(got, want)
+  assert got.dtype == np.int32 and want[3] == 0 and want[4] == v - 1 and want[5] == v // 3
+
+
 def test_greedy_equals_transformers_generate(hf_ckpt, prompts):
   hf, path = hf_ckpt
   model = load_pretrained(path, dtype="float32", compute_dtype="float32")

@@ -111,6 +111,23 @@ class SamplerOutput:
   prompt_tokens: list[list[int]]
 
 
+def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
+  """jnp.argmax(x_BxV, axis=-1) (int32), computed in two stages: the first index of each of `chunks` column
+  chunks' maximum, then of the chunks' maxima. Same result, ties and NaNs included (first index of the first
+  maximum). A one-stage row reduction gives each of the B rows one thread block, so a decode step's [64, 151936]
+  Gumbel-argmax kept only 64 of the H200's 132 SMs busy (65 us per step, 2026-12-01 profile)."""
+  b, v = x_BxV.shape
+  chunks = min(chunks, v // 256)
+  if chunks < 2:
+    return jnp.argmax(x_BxV, axis=-1).astype(jnp.int32)
+  width = -(-v // chunks)
+  x_BxCxW = jnp.pad(x_BxV, ((0, 0), (0, chunks * width - v)), constant_values=-jnp.inf).reshape(b, chunks, width)
+  i_BxC = jnp.argmax(x_BxCxW, axis=-1)
+  m_BxC = jnp.take_along_axis(x_BxCxW, i_BxC[..., None], axis=-1)[..., 0]
+  c_B = jnp.argmax(m_BxC, axis=-1)
+  return (c_B * width + jnp.take_along_axis(i_BxC, c_B[:, None], axis=-1)[:, 0]).astype(jnp.int32)
+
+
 def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: Array, *, top_k: int,
                   greedy: bool, use_top_p: bool, valid_vocab: int) -> tuple[Array, Array, Array]:
   """Draws one token per row. Returns (token_B int32, raw logprob_B, sampling logprob_B), all from fp32 logits."""
@@ -125,7 +142,7 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
   if valid_vocab < v:
     masked_BxV = jnp.where(jnp.arange(v)[None, :] < valid_vocab, logits_BxV, _NEG)
   if greedy:
-    token_B = jnp.argmax(masked_BxV, axis=-1).astype(jnp.int32)
+    token_B = argmax_rows(masked_BxV)
     samp_logp_B = jnp.zeros(token_B.shape, jnp.float32)
   else:
     scaled_BxV = masked_BxV / temperature
@@ -140,7 +157,7 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
       threshold_Bx1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
       scaled_BxV = jnp.where(scaled_BxV >= threshold_Bx1, scaled_BxV, _NEG)
     gumbel_BxV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B)
-    token_B = jnp.argmax(scaled_BxV + gumbel_BxV, axis=-1).astype(jnp.int32)
+    token_B = argmax_rows(scaled_BxV + gumbel_BxV)
     samp_logp_B = logp_of(scaled_BxV, token_B)
   return token_B, logp_of(logits_BxV, token_B), samp_logp_B
 
