@@ -189,7 +189,8 @@ def run(config, workdir: str) -> None:
       writer.write(step, m)
       progress.update(1, reward=m["reward/mean"], correct=m["correct/rate"],
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],
-                      eval_s=m["time/evaluate_s"], learn_s=m["time/learn_s"])
+                      eval_s=m["time/evaluate_s"], learn_s=m["time/learn_s"],
+                      gen_tok_s=m["speed/generate_tokens_per_s"], evals_s=m["speed/evaluations_per_s"])
       if in_eval.due(step):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
         in_eval(step, state.params, reward)
       if step % config.checkpoint.every_steps == 0 or step == config.total_steps:
