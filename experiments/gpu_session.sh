@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs several stages on a GPU host in one call, each with its own time limit, so one failing stage does not
 # cost the others. Logs go to $OUT/logs/<stage>.log, a one-line status per stage to $OUT/summary.txt; stages
-# write results under $OUT/<anything>. At the end everything but summary.txt is packed into $OUT/all.tar.gz
-# (the device tool returns at most 8 files).
+# write results under $OUT/<anything>. At the end everything but summary.txt and weights is packed into
+# $OUT/all.tar.gz (the device tool returns at most 8 files of at most 16 MiB).
 #
 #   experiments/gpu_session.sh 'name=seconds=command' ...
 #
@@ -27,6 +27,15 @@ for spec in "$@"; do
   echo "$line" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/logs/$name.log"
 done
+# The device tool returns files of at most 16 MiB: weights and checkpoints (Orbax dirs, safetensors) stay behind,
+# and if the pack is still too large, so do rollout JSONL files (metrics, logs and evaluation reports come back).
+excl=(--exclude='*/checkpoints' --exclude='*.safetensors')
+tar czf /tmp/all.tar.gz "${excl[@]}" -C "$OUT" .
+echo "all.tar.gz leaves out checkpoints/ and *.safetensors" >> "$OUT/summary.txt"
+if [ "$(stat -c %s /tmp/all.tar.gz)" -gt $((15 * 1024 * 1024)) ]; then
+  echo "all.tar.gz was over 15 MiB: packed again without rollout files" >> "$OUT/summary.txt"
+  tar czf /tmp/all.tar.gz "${excl[@]}" --exclude='*rollouts*' -C "$OUT" .
+fi
 cp "$OUT/summary.txt" /tmp/summary.txt
-tar czf /tmp/all.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tar.gz /tmp/summary.txt "$OUT/"
+find "$OUT" -mindepth 1 -delete && mv /tmp/all.tar.gz /tmp/summary.txt "$OUT/"
 echo "=== summary"; cat "$OUT/summary.txt"
