@@ -24,6 +24,7 @@ import jax
 from absl import logging
 
 from kevin_jax import checkpoint as ckpt_lib
+from kevin_jax import evaluate
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
 from kevin_jax.rl import batch as batch_lib
@@ -88,7 +89,6 @@ class InTrainingEval:
   """
 
   def __init__(self, config, train_specs, train_sources: dict[str, str], policy: runtime.Policy, workdir: str):
-    from kevin_jax import evaluate  # pylint: disable=g-import-not-at-top
     e = config.evaluation
     self.config, self.policy, self.workdir = config, policy, workdir
     self.settings = evaluate.EvalSettings.in_training(config)
@@ -106,7 +106,6 @@ class InTrainingEval:
     return bool(self.splits) and (step in (0, self.config.total_steps) or (every > 0 and step % every == 0))
 
   def __call__(self, step: int, params, reward) -> dict[str, float]:
-    from kevin_jax import evaluate  # pylint: disable=g-import-not-at-top
     if self._writer is None:
       self._writer = metrics_lib.MetricWriter(self.workdir, tensorboard=self.config.logging.tensorboard,
                                               filename="eval_metrics.jsonl", tensorboard_dir="tensorboard_eval")

@@ -125,7 +125,8 @@ def analyse(preset: str, seq_len: int, mesh_axes, *, micro_batch: int, remat: st
       "preset": preset, "params": model_cfg.num_params(), "seq_len": seq_len, "mesh": dict(mesh.shape),
       "devices": f"{n} x {devices[0].device_kind} ({jax.default_backend()})",
       "batch_rows": rows, "micro_batch_per_device": micro_batch, "updates_per_batch": updates,
-      "remat": remat, "scan_layers": config.rl.scan_layers, "attention": attention, "param_dtype": param_dtype, "state_dtype": state_dtype,
+      "remat": remat, "scan_layers": config.rl.scan_layers, "attention": attention, "param_dtype": param_dtype,
+      "state_dtype": state_dtype,
       "master_weights": learner.use_master, "compile_seconds": round(seconds, 1),
       "per_device_bytes": {
           "arguments": arg, "outputs": out, "aliased": alias, "temporaries": temp,
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
       json.dump(r, f, indent=2)
   print(f"{r['preset']} ({r['params'] / 1e9:.2f}B params) | {r['devices']} | mesh {r['mesh']} | "
         f"{r['batch_rows']} rows x {r['seq_len']} tokens | micro-batch {r['micro_batch_per_device']}/device | "
-        f"remat {r['remat']} (scanned layers: {r['scan_layers']}) | attention {r['attention']} | params {r['param_dtype']} "
+        f"remat {r['remat']} (scanned layers: {r['scan_layers']}) | attention {r['attention']} | "
+        f"params {r['param_dtype']} "
         f"(fp32 master: {r['master_weights']}) | Adam moments {r['state_dtype']} | compile {r['compile_seconds']} s")
   print("per device:")
   for k in ("state_params", "state_master", "state_optimizer", "arguments", "outputs", "aliased", "temporaries",
