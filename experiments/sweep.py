@@ -10,10 +10,11 @@ Sweeps:
   turns            rollout.turns in {1, 2, 4} at a fixed kernel budget (trajectories 64 / 32 / 16)
   single_vs_multi  configs/multiturn.py (16 x 4) vs configs/singleturn.py:same_budget (64 x 1)
   evidence         the embedded default's evidence (issue 8): multi-turn with seeds 0 and 1, single-turn 64 x 1
-                   with seed 0, each with its in-job evaluations of the train and test splits before and after RL
+                   with seed 0, multi-turn at 5x the RL learning rate, each with its in-job evaluations of the
+                   train and test splits before and after RL
 Each run writes to <root>/<sweep>/<name>; rerunning a command resumes it; `--only a,b` picks runs. `--collect`
 reads every run's metrics.jsonl and reports the mean of the last `--last` steps of reward/mean, correct/rate and
-speedup/mean_correct, plus reward/mean and correct/rate per step in <root>/<sweep>/curves.png; where a run has
+speedup/mean_correct, plus reward/mean, correct/rate and learner/entropy per step in <root>/<sweep>/curves.png; where a run has
 eval_metrics.jsonl (the RL job's own evaluations), a before/after table per split (step 0 vs the last step).
 `--compact` deletes the runs' checkpoints and exported weights (keeps metrics, rollouts, configs).
 """
@@ -30,7 +31,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from kevin_jax.metrics import read_metrics  # pylint: disable=wrong-import-position  (keeps a resumed step's last record)
+# read_metrics keeps a resumed step's last record.
+from kevin_jax.metrics import read_metrics  # pylint: disable=wrong-import-position
 
 SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, config, overrides)]
     "aggregation": [(f"{mode}_g{gamma}", "configs/multiturn.py",
@@ -42,9 +44,15 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                         ("single_64x1", "configs/singleturn.py:same_budget", [])],
     "evidence": [("multi_s0", "configs/multiturn.py", ["--config.seed=0"]),
                  ("multi_s1", "configs/multiturn.py", ["--config.seed=1"]),
-                 ("single_s0", "configs/singleturn.py:same_budget", ["--config.seed=0"])],
+                 ("single_s0", "configs/singleturn.py:same_budget", ["--config.seed=0"]),
+                 # The learning-rate check of 2026-12-01: 5x the default RL learning rate (README "Results").
+                 ("multi_s0_lr5e-5", "configs/multiturn.py",
+                  ["--config.seed=0", "--config.optimizer.learning_rate=5e-5"])],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
+CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
+          ("correct/rate", "correct/rate (share of correct kernels)"),
+          ("learner/entropy", "learner/entropy (nats per response token)"))
 # eval_metrics.jsonl keys (kevin_jax/evaluate.summarize) in the before/after table, with their labels.
 EVAL_METRICS = (("kernel/score_mean", "kernel score mean"), ("kernel/correct_rate", "kernels correct"),
                 ("kernel/speedup_mean_correct", "speedup of correct kernels"), ("correct_best", "correct best@k"),
@@ -84,7 +92,7 @@ def collect(sweep: str, root: str, last: int) -> list[dict]:
       vals = [float(r[m]) for r in tail if isinstance(r.get(m), (int, float))]
       row[m] = sum(vals) / len(vals) if vals else float("nan")
     rows.append(row)
-    curves[name] = {m: [(s, float(r[m])) for s, r in recs.items() if m in r] for m in ("reward/mean", "correct/rate")}
+    curves[name] = {m: [(s, float(r[m])) for s, r in recs.items() if m in r] for m, _ in CURVES}
   out_dir = os.path.join(root, sweep)
   os.makedirs(out_dir, exist_ok=True)
   header = ["run", "steps", *METRICS]
@@ -123,9 +131,8 @@ def collect(sweep: str, root: str, last: int) -> list[dict]:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (m, label) in zip(axes, (("reward/mean", "reward/mean (kernel score per turn-sample)"),
-                                     ("correct/rate", "correct/rate (share of correct kernels)"))):
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(5.5 * len(CURVES), 4))
+    for ax, (m, label) in zip(axes, CURVES):
       for name, by_metric in curves.items():
         pts = by_metric[m]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
@@ -185,7 +192,8 @@ def _cell(v) -> str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="Overrides for every run go after `--`, e.g. -- --config.total_steps=10")
   p.add_argument("sweep", choices=sorted(SWEEPS))
   p.add_argument("--root", default="runs/sweeps", help="parent of the sweep's run directories")
   p.add_argument("--run", action="store_true", help="run every configuration (sequentially)")
@@ -193,8 +201,12 @@ def main(argv=None) -> int:
   p.add_argument("--last", type=int, default=5, help="steps averaged per run in the table")
   p.add_argument("--only", default="", help="comma-separated run names of the sweep to print/run")
   p.add_argument("--compact", action="store_true", help="delete the runs' checkpoints and exported weights")
-  p.add_argument("extra", nargs="*", help="overrides for every run, after --")
-  args = p.parse_args(argv)
+  # Overrides for every run follow a `--`. They are split off by hand: argparse gives a trailing nargs="*"
+  # positional its empty match at the sweep name already, and then rejects everything after `--`.
+  argv = list(sys.argv[1:] if argv is None else argv)
+  extra = argv[argv.index("--") + 1:] if "--" in argv else []
+  args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+  args.extra = extra
   if args.collect or args.compact:
     if args.collect:
       collect(args.sweep, args.root, args.last)

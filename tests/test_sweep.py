@@ -79,3 +79,13 @@ def test_evidence_before_after_table_only_and_compact(tmp_path):
   assert sweep.main(["evidence", "--root", str(tmp_path), "--compact"]) == 0
   assert not os.path.exists(d / "checkpoints") and not os.path.exists(d / "sft" / "hf")
   assert os.path.exists(d / "metrics.jsonl")
+
+
+def test_overrides_after_double_dash_reach_every_command(tmp_path, capsys):
+  # `sweep.py evidence --only multi_s0 -- --config.x=...` was rejected by argparse before (2026-12-01).
+  assert sweep.main(["evidence", "--root", str(tmp_path), "--only", "multi_s0,multi_s0_lr5e-5", "--",
+                     "--config.total_steps=3", "--config.rollout.turns=2"]) == 0
+  printed = [line for line in capsys.readouterr().out.splitlines() if "kevin_jax.main" in line]
+  assert len(printed) == 2
+  assert all(line.endswith("--config.total_steps=3 --config.rollout.turns=2") for line in printed)
+  assert "--config.optimizer.learning_rate=5e-5" in printed[1]
