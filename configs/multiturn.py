@@ -66,6 +66,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.adv_std_normalize = True  # Divide advantages by the per-task std [P eq. 1]; False = Dr. GRPO style.
   c.rl.adv_baseline = "mean"  # Per-task baseline over the m*n turn-samples: mean | leave_one_out.
   c.rl.adv_eps = 1e-6  # Added to the std before dividing (all-equal groups get advantage 0).
+  c.rl.negative_scale = 1.0  # Multiplier of negative advantages: 1 = GRPO [P eq. 1]; 0 = push only the
+  #   above-baseline samples up (on a memorising policy GRPO's negatives collapsed it: README "Results").
   c.rl.epsilon_low = 0.2  # PPO clip below 1 [P §1: Clip-Higher 0.2/0.28].
   c.rl.epsilon_high = 0.28  # PPO clip above 1 (DAPO Clip-Higher) [P §1].
   c.rl.loss_agg = "constant"  # token_mean | seq_mean | constant (sum / loss_constant, Dr. GRPO) [P §3].

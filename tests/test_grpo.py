@@ -100,6 +100,16 @@ def test_advantages_groups_are_independent():
   np.testing.assert_array_equal(a[[1, 3, 6]], [0.0, 0.0, 0.0])
 
 
+def test_scale_negatives():
+  # Advantages -2, -1, 0, 3 (std-normalised above); scale 0.25 -> -0.5, -0.25, 0, 3; scale 1 is GRPO itself.
+  a = np.array([-2.0, -1.0, 0.0, 3.0])
+  np.testing.assert_array_equal(grpo.scale_negatives(a, 0.25), [-0.5, -0.25, 0.0, 3.0])
+  np.testing.assert_array_equal(grpo.scale_negatives(a, 1.0), a)
+  np.testing.assert_array_equal(grpo.scale_negatives(a, 0.0), [0.0, 0.0, 0.0, 3.0])
+  with pytest.raises(ValueError, match="negative_scale"):
+    grpo.GRPOConfig(negative_scale=1.5)
+
+
 def test_advantages_paper_shapes():
   # Kevin normalises over all m*n = 16*4 turn-samples of each task [P §1]: per task mean 0, std 1.
   rng = np.random.default_rng(1)

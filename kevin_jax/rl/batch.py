@@ -20,7 +20,7 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.nda
   """(returns, advantages), one value per turn in `turns` order.
 
   Trajectories are grouped by task id; returns use `cfg.gamma`/`cfg.return_mode`, advantages
-  `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task.
+  `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task, then `cfg.negative_scale`.
   """
   rows, cols, _ = matrix_index(turns)
   scores_NxT = to_matrix(turns, lambda t: t.score)
@@ -31,6 +31,7 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.nda
   adv_NxT = np.asarray(grpo.group_advantages(returns_NxT, groups_NxT, std_normalize=cfg.adv_std_normalize,
                                              baseline=cfg.adv_baseline, eps=cfg.adv_eps,
                                              num_groups=len(task_index)))
+  adv_NxT = np.asarray(grpo.scale_negatives(adv_NxT, cfg.negative_scale))
   return returns_NxT[rows, cols].astype(np.float32), adv_NxT[rows, cols].astype(np.float32)
 
 

@@ -36,6 +36,8 @@ class GRPOConfig:
   adv_std_normalize: bool = True  # Divide by the per-task std [P eq. 1]; False = Dr. GRPO.
   adv_baseline: str = "mean"  # mean | leave_one_out, over the task's m*n turn-samples [P §1].
   adv_eps: float = 1e-6  # Added to the std before dividing.
+  negative_scale: float = 1.0  # Multiplies negative advantages (1 = GRPO [P eq. 1]; 0 = reinforce only the
+  #   above-baseline samples, filtered behaviour cloning). See `scale_negatives`.
   epsilon_low: float = 0.2  # PPO clip below 1 [P §1, Clip-Higher].
   epsilon_high: float = 0.28  # PPO clip above 1 (DAPO Clip-Higher) [P §1].
   loss_agg: str = "constant"  # token_mean | seq_mean | constant (Dr. GRPO) [P §3].
@@ -53,6 +55,7 @@ class GRPOConfig:
     _check(self.return_mode in RETURN_MODES, f"return_mode must be one of {RETURN_MODES}, got {self.return_mode!r}")
     _check(self.adv_baseline in BASELINES, f"adv_baseline must be one of {BASELINES}, got {self.adv_baseline!r}")
     _check(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
+    _check(0.0 <= self.negative_scale <= 1.0, f"negative_scale must be in [0, 1], got {self.negative_scale}")
     _check(0.0 <= self.epsilon_low < 1.0, f"epsilon_low must be in [0, 1), got {self.epsilon_low}")
     _check(self.epsilon_high >= 0.0, f"epsilon_high must be >= 0, got {self.epsilon_high}")
     _check(self.loss_agg in LOSS_AGGS, f"loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
@@ -162,6 +165,20 @@ def group_advantages(returns, group_ids, *, std_normalize: bool = True, baseline
   if std_normalize:
     adv = adv / (jnp.sqrt(var) + eps)
   return jnp.where(n > 1, adv, 0.0).reshape(shape)
+
+
+def scale_negatives(advantages, scale: float) -> jax.Array:
+  """A_i for A_i >= 0, scale * A_i below: how hard below-baseline samples are pushed down.
+
+  Sequence-level advantages penalise every token of a below-baseline sample. On a policy that has memorised its
+  answers, a failed sample is mostly the memorised tokens plus a few off-path ones, and pushing the memorised
+  tokens down in the off-path contexts (where they are less certain, so their gradient is larger) can outweigh
+  the positive samples' nearly saturated push up: the policy's entropy grows and it collapses. A scale below 1
+  keeps the ordering of the samples but leaves a net push towards the above-baseline ones
+  (experiments/toy_memorizer_rl.py measures both).
+  """
+  a = jnp.asarray(advantages, jnp.float32)
+  return jnp.where(a < 0, scale * a, a)
 
 
 def exp_minus_1_minus(x) -> jax.Array:
