@@ -10,8 +10,9 @@ Sweeps:
   turns            rollout.turns in {1, 2, 4} at a fixed kernel budget (trajectories 64 / 32 / 16)
   single_vs_multi  configs/multiturn.py (16 x 4) vs configs/singleturn.py:same_budget (64 x 1)
   evidence         the embedded default's evidence (issue 8): multi-turn with seeds 0 and 1, single-turn 64 x 1
-                   with seed 0, multi-turn at 5x the RL learning rate, each with its in-job evaluations of the
-                   train and test splits before and after RL
+                   with seed 0, multi-turn at 5x the RL learning rate, and the next candidate recipe (8 tasks x 4
+                   trajectories per step, rl.negative_scale=0) with seeds 0 and 1; each with its in-job evaluations
+                   of the train and test splits before and after RL
 Each run writes to <root>/<sweep>/<name>; rerunning a command resumes it; `--only a,b` picks runs. `--collect`
 reads every run's metrics.jsonl and reports the mean of the last `--last` steps of reward/mean, correct/rate and
 speedup/mean_correct, plus reward/mean, correct/rate and learner/entropy per step in <root>/<sweep>/curves.png; where a run has
@@ -47,7 +48,12 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                  ("single_s0", "configs/singleturn.py:same_budget", ["--config.seed=0"]),
                  # The learning-rate check of 2026-12-01: 5x the default RL learning rate (README "Results").
                  ("multi_s0_lr5e-5", "configs/multiturn.py",
-                  ["--config.seed=0", "--config.optimizer.learning_rate=5e-5"])],
+                  ["--config.seed=0", "--config.optimizer.learning_rate=5e-5"])]
+                + [  # The next candidate (issue 8, from the CPU toy): 8 tasks x 4 trajectories per step (the same
+                    # 128 kernels, 4x the task coverage) and no push on below-baseline samples.
+                    (f"multi_s{seed}_8x4_neg0", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
+                      "--config.rl.negative_scale=0"]) for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
