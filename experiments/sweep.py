@@ -15,8 +15,9 @@ Sweeps:
                    of the train and test splits before and after RL
 Each run writes to <root>/<sweep>/<name>; rerunning a command resumes it; `--only a,b` picks runs. `--collect`
 reads every run's metrics.jsonl and reports the mean of the last `--last` steps of reward/mean, correct/rate and
-speedup/mean_correct, plus reward/mean, correct/rate and learner/entropy per step in <root>/<sweep>/curves.png; where a run has
-eval_metrics.jsonl (the RL job's own evaluations), a before/after table per split (step 0 vs the last step).
+speedup/mean_correct, plus reward/mean, correct/rate and learner/entropy per step in <root>/<sweep>/curves.png;
+where a run has eval_metrics.jsonl (the RL job's own evaluations), a before/after table per split (step 0 vs the
+last step).
 `--compact` deletes the runs' checkpoints and exported weights (keeps metrics, rollouts, configs).
 """
 
