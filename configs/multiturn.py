@@ -24,7 +24,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.seed = 0  # Root PRNG seed: parameters, sampling, task order.
   c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
   c.total_steps = 20  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. The default run
-  #   (warm start + 20 steps) is ~6 min on one H200, extrapolated from its first 4 steps (BENCHMARKS.md).
+  #   (warm start, 20 steps, before/after evaluations) took ~9 min on one H200 (BENCHMARKS.md, 2026-12-01).
 
   # --- Policy: the Flax NNX Qwen2 model. ---
   c.policy = ml_collections.ConfigDict()

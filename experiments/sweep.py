@@ -211,9 +211,9 @@ def main(argv=None) -> int:
   # Overrides for every run follow a `--`. They are split off by hand: argparse gives a trailing nargs="*"
   # positional its empty match at the sweep name already, and then rejects everything after `--`.
   argv = list(sys.argv[1:] if argv is None else argv)
-  extra = argv[argv.index("--") + 1:] if "--" in argv else []
-  args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-  args.extra = extra
+  split = argv.index("--") if "--" in argv else len(argv)
+  args = p.parse_args(argv[:split])
+  args.extra = argv[split + 1:]
   if args.collect or args.compact:
     if args.collect:
       collect(args.sweep, args.root, args.last)
