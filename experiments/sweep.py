@@ -54,7 +54,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     # 128 kernels, 4x the task coverage) and no push on below-baseline samples.
                     (f"multi_s{seed}_8x4_neg0", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
-                      "--config.rl.negative_scale=0"]) for seed in (0, 1)],
+                      "--config.rl.negative_scale=0"]) for seed in (0, 1)]
+                + [  # 2026-12-01, second try: 8 x 4 at 20 steps overran a 10-minute GPU call (evaluating 8 distinct
+                    # tasks per step costs ~17 s) and showed no trend by step 14, so: 5x the learning rate (where
+                    # GRPO collapsed) for 12 steps.
+                    (f"multi_s{seed}_8x4_neg0_lr5e-5", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
+                      "--config.rl.negative_scale=0", "--config.optimizer.learning_rate=5e-5",
+                      "--config.total_steps=12"]) for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
