@@ -72,7 +72,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.epsilon_high = 0.28  # PPO clip above 1 (DAPO Clip-Higher) [P §1].
   c.rl.loss_agg = "constant"  # token_mean | seq_mean | constant (sum / loss_constant, Dr. GRPO) [P §3].
   c.rl.loss_constant = 2048.0  # Divisor for loss_agg=constant, tokens (Dr. GRPO: max response length).
-  c.rl.kl_beta = 0.0  # KL-to-reference weight; paper uses 0 [P §1 "KL penalty"].
+  c.rl.kl_beta = 0.0  # Weight of KL to the starting policy (frozen copy; paper: 0 [P §1 "KL penalty"]).
   c.rl.kl_estimator = "k3"  # k1 | k3 (Schulman) KL estimator, used only when kl_beta > 0.
   c.rl.updates_per_batch = 2  # Optimizer steps per rollout batch (on-/off-policy pair) [P §1].
   c.rl.micro_batch_size = 8  # Sequences per device per gradient-accumulation micro-batch (memory, not math).

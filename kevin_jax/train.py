@@ -50,8 +50,8 @@ def make_generate(policy: runtime.Policy, params):
 
 
 def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources: dict[str, str],
-            task_sampler: TaskSampler, grpo_cfg: grpo.GRPOConfig, workdir: str):
-  """One RL step; returns (new state, metrics dict of host scalars)."""
+            task_sampler: TaskSampler, grpo_cfg: grpo.GRPOConfig, workdir: str, ref_params=None):
+  """One RL step; returns (new state, metrics dict of host scalars). `ref_params`: rl.kl_beta's reference."""
   t_start = time.perf_counter()
   seed = step_seed(config.seed, step)
   task_ids = task_sampler.next(config.rollout.tasks_per_step)
@@ -66,7 +66,7 @@ def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources
   batch = batch_lib.build_batch(turns, advantages, pad_id=policy.tokenizer.pad_id,
                                 rows_multiple=policy.learner.rows_multiple(), seed=seed)
   t_learn = time.perf_counter()
-  state, learner_metrics = policy.learner.step(state, batch)
+  state, learner_metrics = policy.learner.step(state, batch, ref_params=ref_params)
   learner_metrics = jax.device_get(learner_metrics)
   check_finite(learner_metrics, step)
   learn_s = time.perf_counter() - t_learn
@@ -144,6 +144,16 @@ def _write_config(workdir: str, config) -> None:
     f.write(config.to_json_best_effort(indent=1, sort_keys=True))
 
 
+def _start_source(config, workdir: str) -> str | None:
+  """Where RL starts from: None (config.init_from / policy.checkpoint, or random init) or, for the embedded
+  default, the warm start's HF export, trained first if missing (resumable; a finished one is reused)."""
+  if config.sft.before_rl and not (config.init_from or config.policy.checkpoint):
+    # Before any evaluator worker takes GPU memory.
+    from kevin_jax import sft  # pylint: disable=g-import-not-at-top
+    return sft.warm_start(config, os.path.join(workdir, "sft"))
+  return None
+
+
 def run(config, workdir: str) -> None:
   """mode=train."""
   runtime.require_gpu_for_evaluator(config)
@@ -156,20 +166,19 @@ def run(config, workdir: str) -> None:
   task_sampler = TaskSampler([s.id for s in specs], seed=config.seed)
   rng = jax.random.key(config.seed)
   start = ckpt.latest_step()
+  ref_params = None  # rl.kl_beta > 0: the starting policy, frozen (rebuilt from its source on resume).
   if start is not None:
+    if grpo_cfg.kl_beta > 0:
+      ref_params = runtime.initial_state(config, policy, rng, src=_start_source(config, workdir)).params
     restored = ckpt.restore(policy.learner.abstract_state)
     state, rng = restored.state, restored.rng if restored.rng is not None else rng
     task_sampler.restore(restored.sampler_state["tasks"])
     logging.info("resuming %s from step %d", workdir, start)
   else:
     start = 0
-    src = None
-    if config.sft.before_rl and not (config.init_from or config.policy.checkpoint):
-      # The embedded default: warm-start the random policy on the suite's corpus first (issue 8), before any
-      # evaluator worker takes GPU memory. Resumable; a finished warm start is reused.
-      from kevin_jax import sft  # pylint: disable=g-import-not-at-top
-      src = sft.warm_start(config, os.path.join(workdir, "sft"))
-    state = runtime.initial_state(config, policy, rng, src=src)
+    state = runtime.initial_state(config, policy, rng, src=_start_source(config, workdir))
+    if grpo_cfg.kl_beta > 0:
+      ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)
   if start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
@@ -184,7 +193,7 @@ def run(config, workdir: str) -> None:
       in_eval(0, state.params, reward)  # The starting policy (after any warm start), before any RL update.
     for step in range(start + 1, config.total_steps + 1):
       state, m = rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
-                         task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir)
+                         task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params)
       writer.write(step, m)
       progress.update(1, reward=m["reward/mean"], correct=m["correct/rate"],
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],

@@ -13,7 +13,7 @@ from kevin_jax.policy.config import get_preset
 from kevin_jax.rl import learner as L
 from kevin_jax.rl.logprobs import token_logps
 from kevin_jax.rl.optimizer import OptimizerConfig, lr_schedule, make_optimizer
-from tests.test_learner import TEMP, init_params_host, make_batch, make_learner, state_for
+from tests.test_learner import TEMP, init_params_host, make_batch, make_learner, rel_err, state_for
 
 
 def test_schedule_warmup_then_constant():
@@ -90,7 +90,7 @@ def test_batch_contract_errors():
                                    b.old_logps_BxT[:8, :5], b.advantages_B[:8])))
   with pytest.raises(ValueError, match="old_logps_BxT has shape"):
     lrn.put_batch(bad)
-  with pytest.raises(ValueError, match="ref_logps_BxT must be given iff"):
+  with pytest.raises(ValueError, match="must be given iff rl.kl_beta > 0"):
     lrn.put_batch(L.TrainBatch(*(x[:8] for x in (b.tokens_BxT, b.attn_mask_BxT, b.loss_mask_BxT,
                                                  b.old_logps_BxT, b.advantages_B)), ref_logps_BxT=b.old_logps_BxT[:8]))
 
@@ -119,3 +119,50 @@ def test_kl_to_reference_reaches_the_loss():
   k3 = np.exp(0.5) - 1.5
   np.testing.assert_allclose(metrics["loss_first"], -(a * m.sum(1)).sum() / m.sum() + 0.1 * k3, rtol=1e-4)
   assert np.isfinite(float(metrics["kl"])) and float(metrics["kl"]) > 0
+
+
+def _ref_params_host(scale=0.02, seed=5):
+  """The tiny model's parameters with every weight moved by scale * N(0, 1): a reference that differs."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: (np.asarray(x) + scale * rng.normal(size=np.shape(x))).astype(np.asarray(x).dtype),
+                      init_params_host())
+
+
+def test_kl_reference_params_equal_precomputed_ref_logps():
+  # step(ref_params=) computes log pi_ref inside the step; it must equal passing those log-probs in the batch.
+  lrn = make_learner((1, 1), micro_batch_size=4, loss_agg="token_mean", kl_beta=0.1)
+  b = make_batch()
+  ref_host = _ref_params_host()
+  ref_model = nnx.merge(lrn.graphdef, ref_host)
+  ref_logps, _ = token_logps(ref_model, jnp.asarray(b.tokens_BxT), jnp.asarray(b.attn_mask_BxT), chunk=7,
+                             temperature=TEMP)
+  ref_logps = np.where(b.loss_mask_BxT > 0, np.asarray(ref_logps), 0.0).astype(np.float32)
+  with_logps = L.TrainBatch(b.tokens_BxT, b.attn_mask_BxT, b.loss_mask_BxT, b.old_logps_BxT, b.advantages_B,
+                            ref_logps)
+  state_a, m_a = jax.device_get(lrn.step(state_for(lrn), with_logps))
+  ref = lrn.copy_params(jax.device_put(ref_host, lrn.param_shardings))
+  state_b, m_b = jax.device_get(lrn.step(state_for(lrn), b, ref_params=ref))
+  assert float(m_a["kl"]) > 1e-3  # The reference really differs.
+  for k in ("loss_first", "loss", "kl", "grad_norm"):
+    np.testing.assert_allclose(m_b[k], m_a[k], rtol=1e-4, err_msg=k)
+  assert rel_err(state_b.params, state_a.params) < 1e-5
+  # The reference survives the step (the state is donated, the reference is not) and is unchanged.
+  assert rel_err(jax.device_get(ref), ref_host) == 0.0
+  with pytest.raises(ValueError, match="not both"):
+    lrn.step(state_for(lrn), with_logps, ref_params=ref)
+  with pytest.raises(ValueError, match="must be given iff"):
+    lrn.step(state_for(lrn), b)  # kl_beta > 0 and no reference at all.
+
+
+def test_kl_reference_equal_to_start_leaves_first_update_unchanged():
+  # With the reference = the starting parameters, the first update is on-policy and at the reference: KL = 0
+  # and its k3 gradient (1 - pi_ref / pi) grad log pi = 0, so the first loss matches kl_beta = 0.
+  plain = make_learner((1, 1), micro_batch_size=4, loss_agg="token_mean")
+  klr = make_learner((1, 1), micro_batch_size=4, loss_agg="token_mean", kl_beta=0.5)
+  state = state_for(klr)
+  ref = klr.copy_params(state.params)
+  _, m_kl = jax.device_get(klr.step(state, make_batch(), ref_params=ref))
+  _, m_plain = jax.device_get(plain.step(state_for(plain), make_batch()))
+  np.testing.assert_allclose(m_kl["loss_first"], m_plain["loss_first"], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(m_kl["grad_norm_first"], m_plain["grad_norm_first"], rtol=1e-4)
+  assert 0 < float(m_kl["kl"]) < 1e-3  # Only the second update, after one step away from the reference, adds KL.

@@ -26,8 +26,9 @@ COMPARED = ("reward/mean", "reward/mean_turn1", "reward/mean_turn2", "correct/ra
             "response/len_mean", "tasks")
 
 
-def _config(total_steps=2):
+def _config(total_steps=2, kl_beta=0.0):
   c = multiturn.get_config("runlocal")
+  c.rl.kl_beta = kl_beta
   c.evaluator.backend = "scripted"
   c.total_steps = total_steps
   c.rl.micro_batch_size = 1  # 2 updates x 1 row x 4 data-parallel devices = 8 rows per batch.
@@ -43,16 +44,21 @@ class _Crash(RuntimeError):
   pass
 
 
-def test_loop_runs_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kl_beta", [0.0, 0.5])
+def test_loop_runs_and_resume_matches_uninterrupted(tmp_path, monkeypatch, kl_beta):
+  # kl_beta > 0: KL to the starting policy, which the resumed run must rebuild (here: the seed's random init).
   assert len(jax.devices()) == 8  # tests/conftest.py: 8 fake CPU devices.
   full = tmp_path / "full"
-  train.run(_config(), str(full))
+  train.run(_config(kl_beta=kl_beta), str(full))
   recs = metrics_lib.read_metrics(str(full / "metrics.jsonl"))
   assert list(recs) == [1, 2]
   for m in recs.values():
     assert m["learner/updates_applied"] == 2 and m["learner/nonfinite_update"] == -1
     assert m["rl/advantage_abs_mean"] > 0  # The scripted reward varies, so the update has a signal.
     assert m["batch/rows"] == 8 and m["learner/seqs"] == 8  # 2 tasks x 2 trajectories x 2 turns.
+    assert ("learner/kl" in m) == (kl_beta > 0)
+  if kl_beta:  # Step 1's first update is at the reference (KL 0); by step 2 the policy has moved away from it.
+    assert 0 < recs[1]["learner/kl"] < recs[2]["learner/kl"]
   assert sorted(os.listdir(full / "checkpoints")) == ["1", "2"]
   turns = [json.loads(l) for l in open(full / "rollouts" / "step_000002.jsonl")]
   assert len(turns) == 8 and {t["turn"] for t in turns} == {0, 1}
@@ -75,14 +81,14 @@ def test_loop_runs_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
 
   monkeypatch.setattr(runtime, "make_reward", crashing_reward)
   with pytest.raises(_Crash):
-    train.run(_config(), str(crashed))
+    train.run(_config(kl_beta=kl_beta), str(crashed))
   monkeypatch.setattr(runtime, "make_reward", real_make_reward)
   assert sorted(os.listdir(crashed / "checkpoints")) == ["1"]
   assert list(metrics_lib.read_metrics(str(crashed / "metrics.jsonl"))) == [1]
-  train.run(_config(), str(crashed))
+  train.run(_config(kl_beta=kl_beta), str(crashed))
   resumed = metrics_lib.read_metrics(str(crashed / "metrics.jsonl"))
   assert list(resumed) == [1, 2]
-  for key in COMPARED:
+  for key in COMPARED + (("learner/kl",) if kl_beta else ()):
     a, b = recs[2][key], resumed[2][key]
     if isinstance(a, float):
       assert b == pytest.approx(a, rel=1e-6, abs=1e-7), key

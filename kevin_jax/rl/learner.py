@@ -4,6 +4,8 @@ Use (the RL loop):
   learner = Learner.from_config(config, mesh)                  # jit signature, shardings, optimizer
   state = learner.init_state(jax.random.key(config.seed))      # or learner.state_from_params(loaded_params)
   state, metrics = learner.step(state, batch)                  # dispatches; `state` is donated
+  ref = learner.copy_params(state.params)                        # rl.kl_beta > 0: keep the start as reference
+  state, metrics = learner.step(state, batch, ref_params=ref)    # ... and pass it every step
   check_finite(jax.device_get(metrics_of_previous_step), step - 1)   # raise before checkpointing
 
 Batch contract (RL loop -> learner). One rollout batch is one `TrainBatch` of B turn-samples (rows), host
@@ -16,8 +18,9 @@ NumPy arrays (the learner reorders rows on the host, then device_puts them expli
   old_logps_BxT  float32  log pi_old(tokens[t] | tokens[<t]) reported by the sampler at its temperature
                           (softmax(logits / T_sample)) where loss_mask = 1; anything (0) elsewhere.
   advantages_B   float32  the turn-sample's advantage (grpo.group_advantages), broadcast over its tokens.
-  ref_logps_BxT  float32  optional: log pi_ref(tokens[t] | tokens[<t]) of the frozen reference, needed iff
-                          rl.kl_beta > 0; None otherwise.
+  ref_logps_BxT  float32  optional: log pi_ref(tokens[t] | tokens[<t]) of the frozen reference. With rl.kl_beta
+                          > 0 give either these or the reference's parameters (`step(..., ref_params=)`, which
+                          computes them in the step); None otherwise.
 Position t's log-prob predicts tokens[t] from the logits at t - 1 (kevin_jax/rl/logprobs.py).
 B must be a multiple of updates_per_batch * G, where G = rl.micro_batch_size * data-parallel size (the batch
 axes of the mesh): pad with `pad_batch` (padding rows have loss_mask 0 and change nothing). Minibatch u of
@@ -25,6 +28,7 @@ the updates_per_batch updates is rows [u*B/U, (u+1)*B/U); shuffle rows beforehan
 T: every new (B, T) compiles the step once; keep T to a few buckets.
 
 What a step does (`train_step`, jitted once in `Learner` with explicit shardings, state donated):
+  0. with reference parameters (rl.kl_beta > 0): ref_logps <- their log-probs (forward only, micro-batched).
   1. if rl.recompute_old_logps: old_logps <- log-probs of the current parameters (forward only, micro-batched),
      so the first update is exactly on-policy (ratio 1) whatever numerics the sampler used; the mean |sampler -
      learner| log-prob difference is reported as `logp_mismatch`.
@@ -178,17 +182,21 @@ def _recompute_old_logps(params, minis: TrainBatch, *, graphdef, cfg, temperatur
   return jax.lax.scan(fwd, params, (toks, mask))[1].reshape(u, m, g, t)
 
 
-def train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: grpo.GRPOConfig, opt_cfg: OptimizerConfig,
-               tx: optax.GradientTransformation, temperature: float, g: int,
+def train_step(state: TrainState, batch: TrainBatch, ref_params=None, *, graphdef, cfg: grpo.GRPOConfig,
+               opt_cfg: OptimizerConfig, tx: optax.GradientTransformation, temperature: float, g: int,
                mesh: Mesh | None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One rollout batch -> cfg.updates_per_batch optimizer updates (module docstring). Pure; jit it once.
 
   `batch` rows are in device order (`to_device_order`; Learner.put_batch does it); g = G rows per micro-batch.
+  `ref_params` (same layout as state.params), if given, replace batch.ref_logps_BxT by their log-probs.
   """
   u = cfg.updates_per_batch
   minis = jax.tree.map(lambda x: _split(x, u, g, mesh), batch)
   loss_mask = minis.loss_mask_BxT.astype(jnp.float32)
   metrics = {}
+  if ref_params is not None:
+    ref = _recompute_old_logps(ref_params, minis, graphdef=graphdef, cfg=cfg, temperature=temperature, mesh=mesh)
+    minis = dataclasses.replace(minis, ref_logps_BxT=jnp.where(loss_mask > 0, ref, 0.0))
   old = minis.old_logps_BxT.astype(jnp.float32)
   if cfg.recompute_old_logps:
     new_old = _recompute_old_logps(state.params, minis, graphdef=graphdef, cfg=cfg, temperature=temperature,
@@ -292,9 +300,13 @@ class Learner:
     self.batch_sharding = sharding.batch_sharding(mesh)
     step_fn = functools.partial(train_step, graphdef=self.graphdef, cfg=cfg, opt_cfg=opt_cfg, tx=self.tx,
                                 temperature=temperature, g=self.micro_batch, mesh=mesh)
-    # The one jit signature of the learner step (STYLE practice 8).
+    # The one jit signature of the learner step (STYLE practice 8), and its variant that also takes the
+    # reference policy's parameters (rl.kl_beta > 0 without precomputed ref_logps).
     self._step = jax.jit(step_fn, in_shardings=(self.state_shardings, self.batch_sharding),
                          out_shardings=(self.state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+    self._step_ref = jax.jit(step_fn, in_shardings=(self.state_shardings, self.batch_sharding, param_sh),
+                             out_shardings=(self.state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+    self._copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), in_shardings=(param_sh,), out_shardings=param_sh)
 
   @classmethod
   def from_config(cls, config, mesh: Mesh, model_cfg: ModelConfig | None = None) -> "Learner":
@@ -330,7 +342,11 @@ class Learner:
     """B must be a multiple of this (updates_per_batch * G)."""
     return self.cfg.updates_per_batch * self.micro_batch
 
-  def _check_batch(self, batch: TrainBatch) -> None:
+  def copy_params(self, params):
+    """A device copy of `params` in their shardings (e.g. the frozen reference: `step` donates the state)."""
+    return self._copy(params)
+
+  def _check_batch(self, batch: TrainBatch, with_ref_params: bool = False) -> None:
     b, t = np.shape(batch.tokens_BxT)
     if b % self.rows_multiple():
       raise ValueError(f"batch has {b} rows; it must be a multiple of updates_per_batch * micro_batch_size * "
@@ -342,13 +358,17 @@ class Learner:
       want = (b,) if f.name == "advantages_B" else (b, t)
       if tuple(np.shape(x)) != want:
         raise ValueError(f"TrainBatch.{f.name} has shape {tuple(np.shape(x))}, expected {want}")
-    if (self.cfg.kl_beta > 0) != (batch.ref_logps_BxT is not None):
-      raise ValueError("ref_logps_BxT must be given iff rl.kl_beta > 0 "
-                       f"(kl_beta = {self.cfg.kl_beta}, ref_logps given: {batch.ref_logps_BxT is not None})")
+    given = batch.ref_logps_BxT is not None
+    if given and with_ref_params:
+      raise ValueError("give the reference as ref_params or as TrainBatch.ref_logps_BxT, not both")
+    if (self.cfg.kl_beta > 0) != (given or with_ref_params):
+      raise ValueError("the reference policy (TrainBatch.ref_logps_BxT or step's ref_params) must be given iff "
+                       f"rl.kl_beta > 0 (kl_beta = {self.cfg.kl_beta}, ref_logps given: {given}, "
+                       f"ref_params given: {with_ref_params})")
 
-  def put_batch(self, batch: TrainBatch) -> TrainBatch:
+  def put_batch(self, batch: TrainBatch, with_ref_params: bool = False) -> TrainBatch:
     """Explicit host -> device transfer: contract dtypes, device row order (`to_device_order`), sharded."""
-    self._check_batch(batch)
+    self._check_batch(batch, with_ref_params)
     dtypes = dict(tokens_BxT=np.int32, attn_mask_BxT=np.int32, loss_mask_BxT=np.float32,
                   old_logps_BxT=np.float32, advantages_B=np.float32, ref_logps_BxT=np.float32)
     def put(name):
@@ -359,12 +379,16 @@ class Learner:
       return jax.device_put(x, self.batch_sharding)
     return TrainBatch(**{f.name: put(f.name) for f in dataclasses.fields(TrainBatch)})
 
-  def step(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+  def step(self, state: TrainState, batch: TrainBatch,
+           ref_params=None) -> tuple[TrainState, dict[str, jax.Array]]:
     """Dispatches one learner step (non-blocking); `state` is donated. Check metrics with `check_finite`.
 
     `batch` holds host arrays in contract order (module docstring); they are moved with `put_batch`.
+    `ref_params`: the frozen reference policy's parameters (rl.kl_beta > 0; see `copy_params`), not donated.
     """
-    return self._step(state, self.put_batch(batch))
+    if ref_params is None:
+      return self._step(state, self.put_batch(batch))
+    return self._step_ref(state, self.put_batch(batch, with_ref_params=True), ref_params)
 
   def abstract_batch(self, batch_size: int, seq_len: int) -> TrainBatch:
     """ShapeDtypeStructs of a batch (with its sharding), for compile-only checks."""
