@@ -61,7 +61,13 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     (f"multi_s{seed}_8x4_neg0_lr5e-5", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
                       "--config.rl.negative_scale=0", "--config.optimizer.learning_rate=5e-5",
-                      "--config.total_steps=12"]) for seed in (0, 1)],
+                      "--config.total_steps=12"]) for seed in (0, 1)]
+                + [  # The null control of the 5x-lr runs: GRPO's advantages permuted across the batch (same
+                    # values, no signal). Collapsing as fast as they did means the drift, not the signal, dominates.
+                    ("multi_s0_8x4_shuffled_lr5e-5", "configs/multiturn.py",
+                     ["--config.seed=0", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
+                      "--config.rl.shuffle_advantages=True", "--config.optimizer.learning_rate=5e-5",
+                      "--config.total_steps=12"])],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.

@@ -104,15 +104,16 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_pe
   adv_kw = {"adv_std_normalize": mode != "unnormalized"}
   rl_cfg = grpo.GRPOConfig(loss_constant=float(args.target_len + 8), micro_batch_size=16, scan_layers=False,
                            kl_beta=args.kl_beta, negative_scale=neg, **adv_kw)
-  learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup), mesh,
-                    temperature=TEMPERATURE)
+  learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup, eps=args.adam_eps),
+                    mesh, temperature=TEMPERATURE)
   state = learner.state_from_params(jax.tree.map(jnp.asarray, params))
+  ref = learner.copy_params(state.params) if args.kl_beta > 0 else None  # KL to the warm start.
   rng = np.random.default_rng(args.seed + 1)
   history = []
   for step in range(args.rl_steps + 1):
     if step % args.eval_every == 0:
       rec = {"sft_steps": sft_steps, "lr": lr, "mode": mode, "negative_scale": neg, "tasks_per_step": tasks_per_step,
-             "step": step,
+             "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "step": step,
              **evaluate(sampler, state.params, prompts, targets, args.eval_samples, args.tolerance)}
       history.append(rec)
       log(rec)
@@ -129,7 +130,7 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_pe
                                            num_groups=tasks_per_step))
     adv = np.asarray(grpo.scale_negatives(adv, rl_cfg.negative_scale))
     batch = pack([prompts[i] for i in rows], out.tokens, adv, out.logprobs, learner.rows_multiple())
-    state, _ = learner.step(state, batch)
+    state, _ = learner.step(state, batch, ref_params=ref)
   return history
 
 
@@ -139,7 +140,8 @@ def main(argv=None) -> int:
   p.add_argument("--lrs", default="1e-5,1e-4", help="comma-separated RL learning rates")
   p.add_argument("--modes", default="default", help="comma-separated: default | unnormalized (no std division)")
   p.add_argument("--negative-scales", default="1", help="comma-separated rl.negative_scale values (1 = GRPO)")
-  p.add_argument("--kl-beta", type=float, default=0.0)
+  p.add_argument("--kl-beta", type=float, default=0.0, help="rl.kl_beta: k3 KL to the warm start")
+  p.add_argument("--adam-eps", type=float, default=1e-8, help="optimizer.eps (Adam's denominator floor)")
   p.add_argument("--rl-steps", type=int, default=40)
   p.add_argument("--eval-every", type=int, default=10)
   p.add_argument("--eval-samples", type=int, default=16)

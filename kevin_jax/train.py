@@ -62,7 +62,7 @@ def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources
       feedback_max_chars=config.rollout.feedback_max_chars)
   if config.rollout.save_turns:
     _save_turns(workdir, step, turns)
-  returns, advantages = batch_lib.turn_advantages(turns, grpo_cfg)
+  returns, advantages = batch_lib.turn_advantages(turns, grpo_cfg, seed=seed)
   batch = batch_lib.build_batch(turns, advantages, pad_id=policy.tokenizer.pad_id,
                                 rows_multiple=policy.learner.rows_multiple(), seed=seed)
   t_learn = time.perf_counter()

@@ -32,3 +32,19 @@ def test_turn_returns_and_task_groups_with_negative_scale():
   np.testing.assert_allclose(adv, want_a[order], rtol=1e-5)
   _, adv_scaled = turn_advantages(shuffled, grpo.GRPOConfig(gamma=0.5, adv_eps=1e-12, negative_scale=0.2))
   np.testing.assert_allclose(adv_scaled, np.where(want_a < 0, 0.2 * want_a, want_a)[order], rtol=1e-5)
+
+
+def test_shuffle_advantages_is_a_seeded_permutation():
+  turns = [_turn(t, i, k, float(s)) for i, (t, s) in enumerate([("a", 0), ("a", 1), ("b", 3), ("b", 0), ("c", 2),
+                                                                 ("c", 0)]) for k in range(2)]
+  cfg = grpo.GRPOConfig(gamma=0.5, adv_eps=1e-12)
+  returns, adv = turn_advantages(turns, cfg)
+  null = grpo.GRPOConfig(gamma=0.5, adv_eps=1e-12, shuffle_advantages=True)
+  r1, s1 = turn_advantages(turns, null, seed=1)
+  _, s1_again = turn_advantages(turns, null, seed=1)
+  _, s2 = turn_advantages(turns, null, seed=2)
+  np.testing.assert_array_equal(r1, returns)  # Returns stay with their turns; only advantages move.
+  np.testing.assert_array_equal(np.sort(s1), np.sort(adv))  # The same values ...
+  assert not np.array_equal(s1, adv)  # ... in another order,
+  np.testing.assert_array_equal(s1, s1_again)  # fixed by the seed,
+  assert not np.array_equal(s1, s2)  # and different for another seed.

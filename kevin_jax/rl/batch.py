@@ -16,11 +16,12 @@ from kevin_jax.rl.learner import TrainBatch, pad_batch
 from kevin_jax.rl.rollout import Turn, matrix_index, to_matrix
 
 
-def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.ndarray, np.ndarray]:
+def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """(returns, advantages), one value per turn in `turns` order.
 
   Trajectories are grouped by task id; returns use `cfg.gamma`/`cfg.return_mode`, advantages
   `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task, then `cfg.negative_scale`.
+  With `cfg.shuffle_advantages` (a null control) the advantages are then permuted across all turns (`seed`).
   """
   rows, cols, _ = matrix_index(turns)
   scores_NxT = to_matrix(turns, lambda t: t.score)
@@ -32,7 +33,10 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig) -> tuple[np.nda
                                              baseline=cfg.adv_baseline, eps=cfg.adv_eps,
                                              num_groups=len(task_index)))
   adv_NxT = np.asarray(grpo.scale_negatives(adv_NxT, cfg.negative_scale))
-  return returns_NxT[rows, cols].astype(np.float32), adv_NxT[rows, cols].astype(np.float32)
+  advantages = adv_NxT[rows, cols].astype(np.float32)
+  if cfg.shuffle_advantages:
+    advantages = np.random.default_rng(seed).permutation(advantages)
+  return returns_NxT[rows, cols].astype(np.float32), advantages
 
 
 def seq_bucket(length: int, minimum: int = 256) -> int:

@@ -38,6 +38,8 @@ class GRPOConfig:
   adv_eps: float = 1e-6  # Added to the std before dividing.
   negative_scale: float = 1.0  # Multiplies negative advantages (1 = GRPO [P eq. 1]; 0 = reinforce only the
   #   above-baseline samples, filtered behaviour cloning). See `scale_negatives`.
+  shuffle_advantages: bool = False  # Null control for ablations: permute the batch's advantages across its
+  #   turn-samples (same values, no information about which sample did better). See batch.turn_advantages.
   epsilon_low: float = 0.2  # PPO clip below 1 [P §1, Clip-Higher].
   epsilon_high: float = 0.28  # PPO clip above 1 (DAPO Clip-Higher) [P §1].
   loss_agg: str = "constant"  # token_mean | seq_mean | constant (Dr. GRPO) [P §3].
