@@ -113,7 +113,7 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_pe
   for step in range(args.rl_steps + 1):
     if step % args.eval_every == 0:
       rec = {"sft_steps": sft_steps, "lr": lr, "mode": mode, "negative_scale": neg, "tasks_per_step": tasks_per_step,
-             "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "step": step,
+             "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "shuffled": args.shuffle_advantages, "step": step,
              **evaluate(sampler, state.params, prompts, targets, args.eval_samples, args.tolerance)}
       history.append(rec)
       log(rec)
@@ -129,6 +129,8 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_pe
     adv = np.asarray(grpo.group_advantages(scores, groups, std_normalize=rl_cfg.adv_std_normalize,
                                            num_groups=tasks_per_step))
     adv = np.asarray(grpo.scale_negatives(adv, rl_cfg.negative_scale))
+    if args.shuffle_advantages:  # The null control (rl.shuffle_advantages): same values, no signal.
+      adv = rng.permutation(adv)
     batch = pack([prompts[i] for i in rows], out.tokens, adv, out.logprobs, learner.rows_multiple())
     state, _ = learner.step(state, batch, ref_params=ref)
   return history
@@ -141,6 +143,7 @@ def main(argv=None) -> int:
   p.add_argument("--modes", default="default", help="comma-separated: default | unnormalized (no std division)")
   p.add_argument("--negative-scales", default="1", help="comma-separated rl.negative_scale values (1 = GRPO)")
   p.add_argument("--kl-beta", type=float, default=0.0, help="rl.kl_beta: k3 KL to the warm start")
+  p.add_argument("--shuffle-advantages", action="store_true", help="null control: permute each batch's advantages")
   p.add_argument("--adam-eps", type=float, default=1e-8, help="optimizer.eps (Adam's denominator floor)")
   p.add_argument("--rl-steps", type=int, default=40)
   p.add_argument("--eval-every", type=int, default=10)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kevin_jax.kernels import buffers as B
-from kevin_jax.kernels import runner, timing, worker
+from kevin_jax.kernels import timing, worker
 from kevin_jax.kernels.plan import Limits
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "eval")

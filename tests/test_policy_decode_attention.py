@@ -1,7 +1,6 @@
 """The Pallas decode-attention kernel (policy/decode_attention.py) against the masked einsum, in interpret mode on
 the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches, and the sampler end to end."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """HF safetensors <-> Qwen2: exact round trips (ours and transformers'), sharded placement, clear errors."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp

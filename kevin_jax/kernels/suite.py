@@ -281,7 +281,6 @@ def _close_fraction(a, b, atol: float, rtol: float) -> float:
 
 def _wrapped_copy(x, like):
   """What the identity candidate writes: x flattened, repeated to like.numel(), cast like static_cast."""
-  import torch  # pylint: disable=g-import-not-at-top
   flat = x.reshape(-1)
   reps = -(-like.numel() // flat.numel())
   y = (flat.repeat(reps) if reps > 1 else flat)[:like.numel()]

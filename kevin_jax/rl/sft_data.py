@@ -25,7 +25,6 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kevin_jax.rl import prompts
 from kevin_jax.rl.sft_step import SFTBatch
 
 class CorpusError(ValueError):
