@@ -6,6 +6,10 @@
 #
 #   experiments/gpu_session.sh 'name=seconds=command' ...
 #
+# KEEP=<directory under $OUT> (e.g. a warm start's HF export, weights included) also comes back whole, as
+# keep.tar.part00, part01, ... of at most 15 MiB each (at most 6 parts): `cat keep.tar.part* | tar x -C DEST`
+# rebuilds it here, and a later call can carry DEST (e.g. to start RL from it with --config.init_from=DEST).
+#
 # Carried wheels in .whl/ (e.g. ml-collections, which the GPU image lacks) are installed to /tmp/site first.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -36,6 +40,20 @@ if [ "$(stat -c %s /tmp/all.tar.gz)" -gt $((15 * 1024 * 1024)) ]; then
   echo "all.tar.gz was over 15 MiB: packed again without rollout files" >> "$OUT/summary.txt"
   tar czf /tmp/all.tar.gz "${excl[@]}" --exclude='*rollouts*' -C "$OUT" .
 fi
+rm -f /tmp/keep.tar.part*
+if [ -n "${KEEP:-}" ]; then
+  if [ -d "$OUT/$KEEP" ]; then
+    tar cf - -C "$OUT/$KEEP" . | split -b 15M -d -a 2 - /tmp/keep.tar.part
+    if [ "$(ls /tmp/keep.tar.part* | wc -l)" -gt 6 ]; then
+      echo "KEEP=$KEEP is over 6 x 15 MiB: not returned" >> "$OUT/summary.txt"; rm -f /tmp/keep.tar.part*
+    else
+      echo "KEEP=$KEEP returned as $(ls /tmp/keep.tar.part* | wc -l) keep.tar.part* files" >> "$OUT/summary.txt"
+    fi
+  else
+    echo "KEEP=$KEEP: no such directory under \$OUT" >> "$OUT/summary.txt"
+  fi
+fi
 cp "$OUT/summary.txt" /tmp/summary.txt
 find "$OUT" -mindepth 1 -delete && mv /tmp/all.tar.gz /tmp/summary.txt "$OUT/"
+if ls /tmp/keep.tar.part* >/dev/null 2>&1; then mv /tmp/keep.tar.part* "$OUT/"; fi
 echo "=== summary"; cat "$OUT/summary.txt"
