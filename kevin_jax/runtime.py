@@ -136,10 +136,21 @@ def initial_state(config, policy: Policy, key: jax.Array, src: str | None = None
   """Fresh training state from `src` (default config.init_from / policy.checkpoint; an Orbax run or an HF
   directory) or random init. The optimizer state is always fresh; only parameters come from the source.
   """
-  src = src or config.init_from or config.policy.checkpoint
+  src = start_source(config, src)
   if not src:
     return policy.learner.init_state(key)
   return policy.learner.state_from_params(load_params(src, policy))
+
+
+def initial_params(config, policy: Policy, key: jax.Array, src: str | None = None):
+  """The parameters `initial_state` starts from (the same source and key); from a source, no optimizer state."""
+  src = start_source(config, src)
+  return load_params(src, policy) if src else policy.learner.init_state(key).params
+
+
+def start_source(config, src: str | None = None) -> str:
+  """`src`, else config.init_from, else config.policy.checkpoint ('' = random init)."""
+  return src or config.init_from or config.policy.checkpoint
 
 
 def load_hf_params(path: str, policy: Policy):

@@ -144,10 +144,10 @@ def _write_config(workdir: str, config) -> None:
     f.write(config.to_json_best_effort(indent=1, sort_keys=True))
 
 
-def _start_source(config, workdir: str) -> str | None:
-  """Where RL starts from: None (config.init_from / policy.checkpoint, or random init) or, for the embedded
-  default, the warm start's HF export, trained first if missing (resumable; a finished one is reused)."""
-  if config.sft.before_rl and not (config.init_from or config.policy.checkpoint):
+def _warm_start_dir(config, workdir: str) -> str | None:
+  """For the embedded default (sft.before_rl and no other start point): the warm start's HF export, trained first
+  if missing (resumable; a finished one is reused). None otherwise: RL starts from runtime.start_source."""
+  if config.sft.before_rl and not runtime.start_source(config):
     # Before any evaluator worker takes GPU memory.
     from kevin_jax import sft  # pylint: disable=g-import-not-at-top
     return sft.warm_start(config, os.path.join(workdir, "sft"))
@@ -169,14 +169,14 @@ def run(config, workdir: str) -> None:
   ref_params = None  # rl.kl_beta > 0: the starting policy, frozen (rebuilt from its source on resume).
   if start is not None:
     if grpo_cfg.kl_beta > 0:
-      ref_params = runtime.initial_state(config, policy, rng, src=_start_source(config, workdir)).params
+      ref_params = runtime.initial_params(config, policy, rng, src=_warm_start_dir(config, workdir))
     restored = ckpt.restore(policy.learner.abstract_state)
     state, rng = restored.state, restored.rng if restored.rng is not None else rng
     task_sampler.restore(restored.sampler_state["tasks"])
     logging.info("resuming %s from step %d", workdir, start)
   else:
     start = 0
-    state = runtime.initial_state(config, policy, rng, src=_start_source(config, workdir))
+    state = runtime.initial_state(config, policy, rng, src=_warm_start_dir(config, workdir))
     if grpo_cfg.kl_beta > 0:
       ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)

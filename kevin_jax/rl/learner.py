@@ -4,8 +4,8 @@ Use (the RL loop):
   learner = Learner.from_config(config, mesh)                  # jit signature, shardings, optimizer
   state = learner.init_state(jax.random.key(config.seed))      # or learner.state_from_params(loaded_params)
   state, metrics = learner.step(state, batch)                  # dispatches; `state` is donated
-  ref = learner.copy_params(state.params)                        # rl.kl_beta > 0: keep the start as reference
-  state, metrics = learner.step(state, batch, ref_params=ref)    # ... and pass it every step
+  # rl.kl_beta > 0: copy the starting parameters once (before the first step) and pass them to every step:
+  #   ref = learner.copy_params(state.params); state, metrics = learner.step(state, batch, ref_params=ref)
   check_finite(jax.device_get(metrics_of_previous_step), step - 1)   # raise before checkpointing
 
 Batch contract (RL loop -> learner). One rollout batch is one `TrainBatch` of B turn-samples (rows), host
