@@ -68,6 +68,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.adv_eps = 1e-6  # Added to the std before dividing (all-equal groups get advantage 0).
   c.rl.negative_scale = 1.0  # Multiplier of negative advantages: 1 = GRPO [P eq. 1]; 0 = push only the
   #   above-baseline samples up (on a memorising policy GRPO's negatives collapsed it: README "Results").
+  c.rl.adv_prob_weight = 0.0  # alpha in [0, 1]: token advantages x (alpha * pi_old(token) + 1 - alpha); 0 = off
+  #   (paper); 1 = improbable tokens (sampling noise) stop dominating the update (rl/grpo.py policy_loss).
   c.rl.shuffle_advantages = False  # Null control: permute advantages across the batch's turn-samples (same
   #   values, no signal): tells learning apart from drift in ablations. Never for real training.
   c.rl.epsilon_low = 0.2  # PPO clip below 1 [P §1: Clip-Higher 0.2/0.28].

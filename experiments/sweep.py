@@ -67,7 +67,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     ("multi_s0_8x4_shuffled_lr5e-5", "configs/multiturn.py",
                      ["--config.seed=0", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
                       "--config.rl.shuffle_advantages=True", "--config.optimizer.learning_rate=5e-5",
-                      "--config.total_steps=12"])],
+                      "--config.total_steps=12"])]
+                + [  # 2026-12-02: the collapsed positives-only 5x-lr run again, with rl.adv_prob_weight=1 (token
+                    # advantages x pi_old: improbable sampled tokens, e.g. noise in unchecked reasoning, stop
+                    # dominating the update). Run from a carried warm start: -- --config.init_from=runs/warm.
+                    (f"multi_s{seed}_8x4_neg0_pw1_lr5e-5", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
+                      "--config.rl.negative_scale=0", "--config.rl.adv_prob_weight=1",
+                      "--config.optimizer.learning_rate=5e-5", "--config.total_steps=12"]) for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.

@@ -45,10 +45,11 @@ EOS = 1
 TEMPERATURE = 0.9
 
 
-def make_task(num_prompts: int, prompt_len: int, target_len: int, seed: int):
+def make_task(num_prompts: int, prompt_len: int, target_len: int, seed: int, free_len: int = 0):
+  """Prompts and their targets: free_len unscored tokens (the 'reasoning'), target_len scored ones, EOS."""
   rng = np.random.default_rng(seed)
   prompts = rng.integers(10, 8000, (num_prompts, prompt_len)).tolist()
-  targets = [t + [EOS] for t in rng.integers(10, 8000, (num_prompts, target_len)).tolist()]
+  targets = [t + [EOS] for t in rng.integers(10, 8000, (num_prompts, free_len + target_len)).tolist()]
   return prompts, targets
 
 
@@ -69,18 +70,25 @@ def pack(prompts, responses, advantages, old_logps, multiple: int) -> TrainBatch
   return pad_batch(TrainBatch(tokens, attn, loss, old, np.asarray(advantages, np.float32)), multiple)
 
 
-def is_correct(response, target, tolerance: int) -> bool:
-  return len(response) == len(target) and sum(a != b for a, b in zip(response, target)) <= tolerance
+def is_correct(response, target, tolerance: int, free_len: int = 0) -> bool:
+  """Same length as the target and at most `tolerance` differing tokens after the first free_len (unscored)."""
+  return (len(response) == len(target)
+          and sum(a != b for a, b in zip(response[free_len:], target[free_len:])) <= tolerance)
 
 
-def evaluate(sampler, params, prompts, targets, samples: int, tolerance: int, seed: int = 12345) -> dict:
-  """Fixed-seed samples of every prompt: share correct, mean NLL of the sampled tokens at T = 0.9."""
+def evaluate(sampler, params, prompts, targets, samples: int, tolerance: int, free_len: int = 0,
+             seed: int = 12345) -> dict:
+  """Fixed-seed samples of every prompt: share correct, mean NLL of the sampled tokens at T = 0.9 (all, and of
+  the unscored first free_len tokens alone)."""
   rows = [p for p in prompts for _ in range(samples)]
-  out = sampler.generate(params, rows, seed=seed, max_new_tokens=len(targets[0]) + 8, eos_ids=[EOS])
-  ok = [is_correct(toks, targets[i // samples], tolerance) for i, toks in enumerate(out.tokens)]
+  out = sampler.generate(params, rows, seed=seed, max_new_tokens=len(targets[0]) + 7, eos_ids=[EOS])
+  ok = [is_correct(toks, targets[i // samples], tolerance, free_len) for i, toks in enumerate(out.tokens)]
   nll = np.concatenate([-lp for lp in out.sampling_logprobs])
-  return {"correct": float(np.mean(ok)), "nll": float(nll.mean()),
-          "len": float(np.mean([len(t) for t in out.tokens]))}
+  rec = {"correct": float(np.mean(ok)), "nll": float(nll.mean()),
+         "len": float(np.mean([len(t) for t in out.tokens]))}
+  if free_len:
+    rec["nll_free"] = float(np.concatenate([-lp[:free_len] for lp in out.sampling_logprobs]).mean())
+  return rec
 
 
 MODEL = get_preset("tiny", param_dtype="float32", compute_dtype="float32")
@@ -98,12 +106,13 @@ def warm_start(args, sft_steps: int, prompts, targets, mesh):
   return jax.device_get(state.params)
 
 
-def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_per_step: int, prompts, targets,
-        mesh, sampler, log) -> list[dict]:
+def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: float, tasks_per_step: int, prompts,
+        targets, mesh, sampler, log) -> list[dict]:
   """GRPO from the warm-started `params` on the policy's own samples; evaluations every args.eval_every steps."""
   adv_kw = {"adv_std_normalize": mode != "unnormalized"}
-  rl_cfg = grpo.GRPOConfig(loss_constant=float(args.target_len + 8), micro_batch_size=16, scan_layers=False,
-                           kl_beta=args.kl_beta, negative_scale=neg, **adv_kw)
+  rl_cfg = grpo.GRPOConfig(loss_constant=float(args.free_len + args.target_len + 8), micro_batch_size=16,
+                           scan_layers=False, kl_beta=args.kl_beta, negative_scale=neg, adv_prob_weight=alpha,
+                           **adv_kw)
   learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup, eps=args.adam_eps),
                     mesh, temperature=TEMPERATURE)
   state = learner.state_from_params(jax.tree.map(jnp.asarray, params))
@@ -112,9 +121,10 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_pe
   history = []
   for step in range(args.rl_steps + 1):
     if step % args.eval_every == 0:
-      rec = {"sft_steps": sft_steps, "lr": lr, "mode": mode, "negative_scale": neg, "tasks_per_step": tasks_per_step,
+      rec = {"sft_steps": sft_steps, "lr": lr, "mode": mode, "negative_scale": neg, "adv_prob_weight": alpha,
+             "free_len": args.free_len, "tasks_per_step": tasks_per_step,
              "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "shuffled": args.shuffle_advantages, "step": step,
-             **evaluate(sampler, state.params, prompts, targets, args.eval_samples, args.tolerance)}
+             **evaluate(sampler, state.params, prompts, targets, args.eval_samples, args.tolerance, args.free_len)}
       history.append(rec)
       log(rec)
     if step == args.rl_steps:
@@ -122,8 +132,9 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, tasks_pe
     picked = rng.choice(len(prompts), tasks_per_step, replace=False)
     rows = [int(i) for i in picked for _ in range(args.group)]
     out = sampler.generate(state.params, [prompts[i] for i in rows], seed=1000 + step,
-                           max_new_tokens=args.target_len + 8, eos_ids=[EOS])
-    ok = np.array([is_correct(t, targets[i], args.tolerance) for t, i in zip(out.tokens, rows)], np.float32)
+                           max_new_tokens=len(targets[0]) + 7, eos_ids=[EOS])
+    ok = np.array([is_correct(t, targets[i], args.tolerance, args.free_len) for t, i in zip(out.tokens, rows)],
+                  np.float32)
     scores = ok * (0.3 + 1.0 + 0.1 * rng.normal(size=len(rows)))
     groups = np.repeat(np.arange(tasks_per_step), args.group).astype(np.int32)
     adv = np.asarray(grpo.group_advantages(scores, groups, std_normalize=rl_cfg.adv_std_normalize,
@@ -142,6 +153,9 @@ def main(argv=None) -> int:
   p.add_argument("--lrs", default="1e-5,1e-4", help="comma-separated RL learning rates")
   p.add_argument("--modes", default="default", help="comma-separated: default | unnormalized (no std division)")
   p.add_argument("--negative-scales", default="1", help="comma-separated rl.negative_scale values (1 = GRPO)")
+  p.add_argument("--prob-weights", default="0", help="comma-separated rl.adv_prob_weight values (0 = off)")
+  p.add_argument("--free-len", type=int, default=0,
+                 help="unscored target tokens before the scored ones (like reasoning the reward never checks)")
   p.add_argument("--kl-beta", type=float, default=0.0, help="rl.kl_beta: k3 KL to the warm start")
   p.add_argument("--shuffle-advantages", action="store_true", help="null control: permute each batch's advantages")
   p.add_argument("--adam-eps", type=float, default=1e-8, help="optimizer.eps (Adam's denominator floor)")
@@ -167,16 +181,17 @@ def main(argv=None) -> int:
 
   t0 = time.time()
   mesh = sharding.make_mesh((("fsdp", 1), ("tensor", 1)), jax.devices()[:1])
-  prompts, targets = make_task(args.prompts, 8, args.target_len, args.seed)
+  prompts, targets = make_task(args.prompts, 8, args.target_len, args.seed, args.free_len)
   sampler = Sampler(MODEL, None, SamplerConfig(batch_size=64, prompt_buckets=(16,), kv_cache_dtype="float32",
-                                               max_new_tokens=args.target_len + 8, temperature=TEMPERATURE))
+                                               max_new_tokens=len(targets[0]) + 7, temperature=TEMPERATURE))
   for sft_steps in map(int, args.sft_steps.split(",")):
     params = warm_start(args, sft_steps, prompts, targets, mesh)
     for lr in map(float, args.lrs.split(",")):
       for mode in args.modes.split(","):
         for neg in map(float, args.negative_scales.split(",")):
-          for tasks in map(int, args.tasks_per_step.split(",")):
-            run(args, params, sft_steps, lr, mode, neg, tasks, prompts, targets, mesh, sampler, log)
+          for alpha in map(float, args.prob_weights.split(",")):
+            for tasks in map(int, args.tasks_per_step.split(",")):
+              run(args, params, sft_steps, lr, mode, neg, alpha, tasks, prompts, targets, mesh, sampler, log)
   print(f"done in {time.time() - t0:.0f} s", file=sys.stderr)
   return 0
 

@@ -165,6 +165,27 @@ def test_policy_loss_gradient_zero_where_clipped():
   assert np.isfinite(g).all()
 
 
+def test_policy_loss_prob_weight_turns_log_prob_ascent_into_prob_ascent():
+  # On-policy (log π = log π_old, ρ = 1), token_mean over the counted tokens n:
+  #   α = 0: d loss / d log π_t = −A / n (every token alike, however improbable);
+  #   α = 1: −A·π_old,t / n, the gradient of −A·π_t itself (d π / d log π = π);
+  #   α = .5: −A·(.5 π_old,t + .5) / n.
+  old = np.log(np.array([[0.9, 0.01, 0.5, 0.3]], np.float32))
+  adv, mask = np.array([2.0], np.float32), np.array([[1.0, 1.0, 1.0, 0.0]], np.float32)
+  p = np.exp(old)
+  grads = {}
+  for alpha, w in ((0.0, np.ones_like(p)), (1.0, p), (0.5, 0.5 * p + 0.5)):
+    cfg = grpo.GRPOConfig(loss_agg="token_mean", adv_prob_weight=alpha)
+    f = lambda lp, cfg=cfg: grpo.policy_loss(lp, jnp.array(old), jnp.array(adv), jnp.array(mask), cfg)[0]
+    grads[alpha] = g = np.asarray(jax.grad(f)(jnp.array(old)))
+    np.testing.assert_allclose(g, -2.0 * w * mask / 3, rtol=1e-6, err_msg=f"alpha={alpha}")
+  # α = 1: the improbable token (π = .01) gets 1/90 of the near-certain one's (π = .9) push; α = 0: the same.
+  assert grads[1.0][0, 1] / grads[1.0][0, 0] == pytest.approx(0.01 / 0.9, rel=1e-5)
+  assert grads[0.0][0, 1] == grads[0.0][0, 0]
+  with pytest.raises(ValueError, match="adv_prob_weight"):
+    grpo.GRPOConfig(adv_prob_weight=1.5)
+
+
 def test_policy_loss_kl_and_entropy():
   ref = LOGPS + 0.5  # log π_ref − log π = .5 everywhere: k1 = −.5, k3 = e^.5 − .5 − 1 = .1487213.
   cfg = grpo.GRPOConfig(loss_agg="token_mean", kl_beta=0.1, kl_estimator="k3")
