@@ -86,8 +86,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.scan_layers = False  # Learner scans the decoder layers (rl/layer_scan.py): needed for remat to save
   #   memory, but it copies the stacked layer weights every step (1.5B on an H200: 37.7% MFU vs 46.5% unrolled).
 
-  # --- Optimizer: Optax AdamW [P §1 "Learning rate", "Gradient clipping"]. ---
+  # --- Optimizer: Optax AdamW or SGD [P §1 "Learning rate", "Gradient clipping"]. ---
   c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adamw"  # adamw (paper) | sgd (momentum b1): Adam moves every parameter ~lr even on a pure-noise
+  #   gradient, which collapsed the memorising embedded policy (README "Results"; rl/optimizer.py).
   c.optimizer.learning_rate = 1e-5  # Peak LR, constant after warmup. Paper: 2e-6 for QwQ-32B [P §1], set by the
   #   `paper` preset; the embedded 28M policy gets 20 steps x 2 updates, where 2e-6 would barely move it.
   c.optimizer.warmup_ratio = 0.03  # Fraction of total optimizer steps spent warming up linearly [P §1].

@@ -106,6 +106,14 @@ def warm_start(args, sft_steps: int, prompts, targets, mesh):
   return jax.device_get(state.params)
 
 
+def moved(start, now) -> float:
+  """||now - start|| / ||start|| over all parameters: how far RL has taken the policy from its warm start."""
+  d = sum(float(jnp.sum(jnp.square(jnp.asarray(b, jnp.float32) - jnp.asarray(a, jnp.float32))))
+          for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(now)))
+  n = sum(float(jnp.sum(jnp.square(jnp.asarray(a, jnp.float32)))) for a in jax.tree.leaves(start))
+  return (d / n) ** 0.5
+
+
 def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: float, tasks_per_step: int, prompts,
         targets, mesh, sampler, log) -> list[dict]:
   """GRPO from the warm-started `params` on the policy's own samples; evaluations every args.eval_every steps."""
@@ -113,7 +121,8 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: f
   rl_cfg = grpo.GRPOConfig(loss_constant=float(args.free_len + args.target_len + 8), micro_batch_size=16,
                            scan_layers=False, kl_beta=args.kl_beta, negative_scale=neg, adv_prob_weight=alpha,
                            **adv_kw)
-  learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup, eps=args.adam_eps),
+  learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup, eps=args.adam_eps,
+                                                   name=args.optimizer),
                     mesh, temperature=TEMPERATURE)
   state = learner.state_from_params(jax.tree.map(jnp.asarray, params))
   ref = learner.copy_params(state.params) if args.kl_beta > 0 else None  # KL to the warm start.
@@ -123,7 +132,8 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: f
     if step % args.eval_every == 0:
       rec = {"sft_steps": sft_steps, "lr": lr, "mode": mode, "negative_scale": neg, "adv_prob_weight": alpha,
              "free_len": args.free_len, "tasks_per_step": tasks_per_step,
-             "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "shuffled": args.shuffle_advantages, "step": step,
+             "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "optimizer": args.optimizer,
+             "shuffled": args.shuffle_advantages, "step": step, "moved": moved(params, state.params),
              **evaluate(sampler, state.params, prompts, targets, args.eval_samples, args.tolerance, args.free_len)}
       history.append(rec)
       log(rec)
@@ -158,6 +168,7 @@ def main(argv=None) -> int:
                  help="unscored target tokens before the scored ones (like reasoning the reward never checks)")
   p.add_argument("--kl-beta", type=float, default=0.0, help="rl.kl_beta: k3 KL to the warm start")
   p.add_argument("--shuffle-advantages", action="store_true", help="null control: permute each batch's advantages")
+  p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"), help="optimizer.name of the RL phase")
   p.add_argument("--adam-eps", type=float, default=1e-8, help="optimizer.eps (Adam's denominator floor)")
   p.add_argument("--rl-steps", type=int, default=40)
   p.add_argument("--eval-every", type=int, default=10)

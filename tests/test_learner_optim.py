@@ -37,6 +37,24 @@ def test_clip_then_adamw_by_hand():
     p = optax.apply_updates(p, upd)
 
 
+def test_clip_then_sgd_momentum_by_hand():
+  # name=sgd: clip to norm .05 -> [.03, -.04]; heavy-ball momentum .9: t_1 = g, t_2 = g + .9 t_1 = 1.9 g;
+  # update = -lr * t (every parameter in proportion to its gradient, unlike Adam's per-parameter sign-like step).
+  cfg = OptimizerConfig(learning_rate=0.1, warmup_steps=0, max_grad_norm=0.05, name="sgd", b1=0.9)
+  tx = make_optimizer(cfg)
+  p = {"w": jnp.array([1.0, -2.0])}
+  g = {"w": jnp.array([3.0, -4.0])}
+  state = tx.init(p)
+  for mult in (1.0, 1.9):
+    upd, state = tx.update(g, state, p)
+    np.testing.assert_allclose(upd["w"], -0.1 * mult * np.array([0.03, -0.04]), rtol=1e-5)
+  with pytest.raises(ValueError, match="optimizer name"):
+    OptimizerConfig(name="lion")
+  config = multiturn.get_config()
+  config.optimizer.name = "sgd"
+  assert OptimizerConfig.from_config(config.optimizer, 40).name == "sgd"
+
+
 def test_bf16_state_dtype_keeps_moments_in_bf16():
   tx = make_optimizer(OptimizerConfig(state_dtype="bfloat16", warmup_steps=0))
   p = {"w": jnp.ones((4,), jnp.float32)}

@@ -1,9 +1,15 @@
-"""The learner's Optax optimizer: global-norm clipping, then AdamW with linear warmup to a constant LR.
+"""The learner's Optax optimizer: global-norm clipping, then AdamW (or SGD) with linear warmup to a constant LR.
 
 Kevin's recipe [P §1, §3]: AdamW (OpenRLHF's default), constant LR 2e-6 after a 3% linear warmup, gradient
 global-norm clip 0.05. Moments are stored in `state_dtype` and computed in fp32. With bf16 parameters the
 learner keeps an fp32 master copy (TrainState.master) and this optimizer updates that copy; without one,
 an Adam step of ~lr = 2e-6 relative to weights of ~1e-2 is below bf16's resolution and would round away.
+
+name='sgd' (momentum b1) is the alternative for small, memorising policies: Adam divides every parameter's
+update by that parameter's own gradient scale, so on a noise-dominated RL gradient it moves *every* parameter by
+~lr, including those whose gradient is tiny because the policy is already certain there; SGD moves each in
+proportion to its gradient (README "Results": a null control with shuffled advantages collapsed the embedded
+policy under Adam as fast as real advantages did).
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import jax.numpy as jnp
 import optax
 
 _STATE_DTYPES = ("float32", "bfloat16")
+NAMES = ("adamw", "sgd")
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """AdamW settings, built from `config.optimizer` (units in configs/multiturn.py)."""
+  """Optimizer settings, built from `config.optimizer` (units in configs/multiturn.py)."""
   learning_rate: float = 2e-6  # Peak (and constant) LR [P §1].
+  name: str = "adamw"  # adamw (the paper) | sgd (heavy-ball momentum b1; b2 and eps unused).
   warmup_steps: int = 3  # Optimizer updates of linear warmup.
   b1: float = 0.9
   b2: float = 0.999
@@ -41,6 +49,8 @@ class OptimizerConfig:
       raise ValueError(f"need 0 <= b1, b2 < 1 and eps > 0, got {self.b1}, {self.b2}, {self.eps}")
     if self.weight_decay < 0 or self.max_grad_norm < 0:
       raise ValueError("weight_decay and max_grad_norm must be >= 0")
+    if self.name not in NAMES:
+      raise ValueError(f"optimizer name must be one of {NAMES}, got {self.name!r}")
     if self.state_dtype not in _STATE_DTYPES:
       raise ValueError(f"state_dtype must be one of {_STATE_DTYPES}, got {self.state_dtype!r}")
 
@@ -54,7 +64,7 @@ class OptimizerConfig:
     """
     if not 0 <= opt["warmup_ratio"] <= 1:
       raise ValueError(f"optimizer.warmup_ratio must be in [0, 1], got {opt['warmup_ratio']}")
-    return cls(learning_rate=float(opt["learning_rate"]),
+    return cls(learning_rate=float(opt["learning_rate"]), name=str(opt["name"]),
                warmup_steps=int(math.ceil(opt["warmup_ratio"] * total_updates)),
                b1=float(opt["b1"]), b2=float(opt["b2"]), eps=float(opt["eps"]),
                weight_decay=float(opt["weight_decay"]), max_grad_norm=float(opt["max_grad_norm"]),
@@ -88,11 +98,16 @@ def _stored_as(tx: optax.GradientTransformation, dtype) -> optax.GradientTransfo
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """clip_by_global_norm(max_grad_norm) -> AdamW(schedule); the learner measures the pre-clip norm itself."""
+  """clip_by_global_norm(max_grad_norm) -> AdamW or SGD (schedule); the learner measures the pre-clip norm itself."""
   parts = []
   if cfg.max_grad_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
-  parts.append(optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
+  if cfg.name == "sgd":
+    if cfg.weight_decay > 0:  # Decoupled, as AdamW's: -lr * wd * w.
+      parts.append(optax.add_decayed_weights(cfg.weight_decay))
+    parts.append(optax.sgd(lr_schedule(cfg), momentum=cfg.b1 or None))
+  else:
+    parts.append(optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
   tx = optax.chain(*parts)
   if cfg.state_dtype != "float32":
     tx = _stored_as(tx, jnp.dtype(cfg.state_dtype))
