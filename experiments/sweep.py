@@ -74,7 +74,11 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     (f"multi_s{seed}_8x4_neg0_pw1_lr5e-5", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
                       "--config.rl.negative_scale=0", "--config.rl.adv_prob_weight=1",
-                      "--config.optimizer.learning_rate=5e-5", "--config.total_steps=12"]) for seed in (0, 1)],
+                      "--config.optimizer.learning_rate=5e-5", "--config.total_steps=12"]) for seed in (0, 1)]
+                + [  # 2026-12-02: the null control at the default's own rate and layout (2 x 16, lr 1e-5, 20 steps):
+                    # is multi_s0's decline (-41 %) drift too, or GRPO's signal? Carried warm start as above.
+                    ("multi_s0_shuffled", "configs/multiturn.py",
+                     ["--config.seed=0", "--config.rl.shuffle_advantages=True"])],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.

@@ -164,12 +164,10 @@ def run(config, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   task_sampler = TaskSampler([s.id for s in specs], seed=config.seed)
-  rng = jax.random.key(config.seed)
+  rng = init_rng = jax.random.key(config.seed)
   start = ckpt.latest_step()
   ref_params = None  # rl.kl_beta > 0: the starting policy, frozen (rebuilt from its source on resume).
   if start is not None:
-    if grpo_cfg.kl_beta > 0:
-      ref_params = runtime.initial_params(config, policy, rng, src=_warm_start_dir(config, workdir))
     restored = ckpt.restore(policy.learner.abstract_state)
     state, rng = restored.state, restored.rng if restored.rng is not None else rng
     task_sampler.restore(restored.sampler_state["tasks"])
@@ -184,6 +182,8 @@ def run(config, workdir: str) -> None:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
     ckpt.close()
     return
+  if grpo_cfg.kl_beta > 0 and ref_params is None:  # Resumed: rebuild the starting policy from its source.
+    ref_params = runtime.initial_params(config, policy, init_rng, src=_warm_start_dir(config, workdir))
   in_eval = InTrainingEval(config, specs, sources, policy, workdir)
   reward = runtime.make_reward(config, config.tasks.source)
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)

@@ -5,11 +5,10 @@ global-norm clip 0.05. Moments are stored in `state_dtype` and computed in fp32.
 learner keeps an fp32 master copy (TrainState.master) and this optimizer updates that copy; without one,
 an Adam step of ~lr = 2e-6 relative to weights of ~1e-2 is below bf16's resolution and would round away.
 
-name='sgd' (momentum b1) is the alternative for small, memorising policies: Adam divides every parameter's
-update by that parameter's own gradient scale, so on a noise-dominated RL gradient it moves *every* parameter by
-~lr, including those whose gradient is tiny because the policy is already certain there; SGD moves each in
-proportion to its gradient (README "Results": a null control with shuffled advantages collapsed the embedded
-policy under Adam as fast as real advantages did).
+name='sgd' (momentum b1) is for ablations: Adam divides each parameter's update by its own gradient scale, so on a
+noise-dominated RL gradient it moves nearly every parameter by ~lr; SGD moves each in proportion to its gradient.
+On the CPU toy of a memorising policy (experiments/toy_memorizer_rl.py, README "Results") SGD drifted as much as
+Adam did for the same distance moved, so it is not a cure for that drift.
 """
 
 from __future__ import annotations
