@@ -89,7 +89,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # --- Optimizer: Optax AdamW or SGD [P §1 "Learning rate", "Gradient clipping"]. ---
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"  # adamw (paper) | sgd (heavy-ball momentum b1; b2, eps unused): an ablation
-  #   (rl/optimizer.py; on the CPU toy it drifted as much as Adam for the same distance moved).
+  #   (rl/optimizer.py; on the CPU toy no better than Adam at a similar distance moved).
   c.optimizer.learning_rate = 1e-5  # Peak LR, constant after warmup. Paper: 2e-6 for QwQ-32B [P §1], set by the
   #   `paper` preset; the embedded 28M policy gets 20 steps x 2 updates, where 2e-6 would barely move it.
   c.optimizer.warmup_ratio = 0.03  # Fraction of total optimizer steps spent warming up linearly [P §1].
