@@ -70,6 +70,11 @@ def pack(prompts, responses, advantages, old_logps, multiple: int) -> TrainBatch
   return pad_batch(TrainBatch(tokens, attn, loss, old, np.asarray(advantages, np.float32)), multiple)
 
 
+def response_budget(targets) -> int:
+  """Max new tokens per sample: the longest target (its EOS included) plus 7 spare tokens."""
+  return len(targets[0]) + 7
+
+
 def is_correct(response, target, tolerance: int, free_len: int = 0) -> bool:
   """Same length as the target and at most `tolerance` differing tokens after the first free_len (unscored)."""
   return (len(response) == len(target)
@@ -81,7 +86,7 @@ def evaluate(sampler, params, prompts, targets, samples: int, tolerance: int, fr
   """Fixed-seed samples of every prompt: share correct, mean NLL of the sampled tokens at T = 0.9 (all, and of
   the unscored first free_len tokens alone)."""
   rows = [p for p in prompts for _ in range(samples)]
-  out = sampler.generate(params, rows, seed=seed, max_new_tokens=len(targets[0]) + 7, eos_ids=[EOS])
+  out = sampler.generate(params, rows, seed=seed, max_new_tokens=response_budget(targets), eos_ids=[EOS])
   ok = [is_correct(toks, targets[i // samples], tolerance, free_len) for i, toks in enumerate(out.tokens)]
   nll = np.concatenate([-lp for lp in out.sampling_logprobs])
   rec = {"correct": float(np.mean(ok)), "nll": float(nll.mean()),
@@ -118,7 +123,7 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: f
         targets, mesh, sampler, log) -> list[dict]:
   """GRPO from the warm-started `params` on the policy's own samples; evaluations every args.eval_every steps."""
   adv_kw = {"adv_std_normalize": mode != "unnormalized"}
-  rl_cfg = grpo.GRPOConfig(loss_constant=float(args.free_len + args.target_len + 8), micro_batch_size=16,
+  rl_cfg = grpo.GRPOConfig(loss_constant=float(response_budget(targets)), micro_batch_size=16,
                            scan_layers=False, kl_beta=args.kl_beta, negative_scale=neg, adv_prob_weight=alpha,
                            **adv_kw)
   learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup, eps=args.adam_eps,
@@ -142,7 +147,7 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: f
     picked = rng.choice(len(prompts), tasks_per_step, replace=False)
     rows = [int(i) for i in picked for _ in range(args.group)]
     out = sampler.generate(state.params, [prompts[i] for i in rows], seed=1000 + step,
-                           max_new_tokens=len(targets[0]) + 7, eos_ids=[EOS])
+                           max_new_tokens=response_budget(targets), eos_ids=[EOS])
     ok = np.array([is_correct(t, targets[i], args.tolerance, args.free_len) for t, i in zip(out.tokens, rows)],
                   np.float32)
     scores = ok * (0.3 + 1.0 + 0.1 * rng.normal(size=len(rows)))
@@ -194,7 +199,7 @@ def main(argv=None) -> int:
   mesh = sharding.make_mesh((("fsdp", 1), ("tensor", 1)), jax.devices()[:1])
   prompts, targets = make_task(args.prompts, 8, args.target_len, args.seed, args.free_len)
   sampler = Sampler(MODEL, None, SamplerConfig(batch_size=64, prompt_buckets=(16,), kv_cache_dtype="float32",
-                                               max_new_tokens=len(targets[0]) + 7, temperature=TEMPERATURE))
+                                               max_new_tokens=response_budget(targets), temperature=TEMPERATURE))
   for sft_steps in map(int, args.sft_steps.split(",")):
     params = warm_start(args, sft_steps, prompts, targets, mesh)
     for lr in map(float, args.lrs.split(",")):

@@ -102,7 +102,7 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   if cfg.max_grad_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
   if cfg.name == "sgd":
-    if cfg.weight_decay > 0:  # Decoupled, as AdamW's: -lr * wd * w.
+    if cfg.weight_decay > 0:  # wd * w joins the gradient (and so the momentum): L2 decay, not AdamW's decoupled.
       parts.append(optax.add_decayed_weights(cfg.weight_decay))
     parts.append(optax.sgd(lr_schedule(cfg), momentum=cfg.b1 or None))
   else:
