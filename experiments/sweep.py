@@ -78,7 +78,16 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                 + [  # 2026-12-02: the null control at the default's own rate and layout (2 x 16, lr 1e-5, 20 steps):
                     # is multi_s0's decline (-41 %) drift too, or GRPO's signal? Carried warm start as above.
                     ("multi_s0_shuffled", "configs/multiturn.py",
-                     ["--config.seed=0", "--config.rl.shuffle_advantages=True"])],
+                     ["--config.seed=0", "--config.rl.shuffle_advantages=True"])]
+                + [  # 2026-12-02 (sixth session): positives-only at the default rate (1e-5, where the null control
+                    # was flat) with 8 tasks per step for as many steps as one 10-minute call allows: ~6 visits per
+                    # training task, the toy's slow-learning regime. Cached reference timing and no test split (0.000
+                    # throughout) to fit. Carried warm start as above.
+                    (f"multi_s{seed}_8x4_neg0_24", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
+                      "--config.rl.negative_scale=0", "--config.total_steps=24",
+                      "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
+                    for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
