@@ -193,6 +193,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.max_seq_len = 5120  # Longest example, tokens (prompt + response + end-of-turn); = RL's
   #   rollout.max_context_tokens + sampler.max_new_tokens. Longer ones are dropped (counted in the log).
   c.sft.truncate = False  # True: cut over-long responses at max_seq_len instead of dropping the example.
+  c.sft.input_noise = 0.0  # Share of response tokens the model reads replaced by another token of the same
+  #   response (targets unchanged; rl/sft_data.make_batch): robustness to the sampler's own deviations. 0 = off.
   c.sft.seq_buckets = (1024, 2048, 3072, 4096)  # Padded lengths (tokens), one compile each; + max_seq_len.
   c.sft.length_group = 8  # Batches per window sorted by length (less padding); 1 = plain shuffling.
   c.sft.exclude_test_tasks = True  # Never train on the tasks split's test tasks (clean RL held-out eval);

@@ -87,7 +87,13 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                      [f"--config.seed={seed}", "--config.rollout.tasks_per_step=8", "--config.rollout.trajectories=4",
                       "--config.rl.negative_scale=0", "--config.total_steps=24",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
-                    for seed in (0, 1)],
+                    for seed in (0, 1)]
+                + [  # 2026-12-02 (sixth session): the warm start trained with sft.input_noise=0.1 (10 % of the response
+                    # tokens it reads replaced by others of the same response), then the default RL. Rollouts of the
+                    # plain warm start derail after one off-text sampled token (word salad, EOS inside the reasoning).
+                    (f"multi_s{seed}_noise0.1", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.sft.input_noise=0.1",
+                      "--config.evaluation.in_training_splits=('train',)"]) for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.

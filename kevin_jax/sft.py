@@ -277,7 +277,8 @@ def _loop(config, state, start, steps, sft_step, order, data, evaluator, writer,
   for step in range(start + 1, steps + 1):
     idx = order.indices(step)
     batch = sft_data.make_batch([data.train[i] for i in idx], s.batch_size, buckets(config),
-                                evaluator.policy.tokenizer.pad_id)
+                                evaluator.policy.tokenizer.pad_id, input_noise=s.input_noise,
+                                rng=np.random.default_rng([config.seed, step, 13]))  # Per step: resumable.
     on_device = sft_step.put_batch(batch)
     with jax.transfer_guard("disallow"):  # The hot path moves nothing implicitly.
       state, m = sft_step.step(state, on_device)

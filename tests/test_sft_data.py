@@ -58,6 +58,31 @@ def test_tokenize_prompt_target_and_masks(tok):
   assert batch.attn_mask_BxT[3].sum() == 1 and batch.loss_mask_BxT[3].sum() == 0  # Padding row.
 
 
+def test_input_noise_corrupts_only_read_response_tokens(tok):
+  exs, _ = D.tokenize(fixture_records(), tok, max_seq_len=8192, truncate=False)
+  clean = D.make_batch(exs, rows=4, buckets=(4096,), pad_id=tok.pad_id)
+  assert clean.inputs_BxT is None
+  a = D.make_batch(exs, rows=4, buckets=(4096,), pad_id=tok.pad_id, input_noise=0.3, rng=np.random.default_rng(5))
+  b = D.make_batch(exs, rows=4, buckets=(4096,), pad_id=tok.pad_id, input_noise=0.3, rng=np.random.default_rng(5))
+  np.testing.assert_array_equal(a.inputs_BxT, b.inputs_BxT)  # Seeded: a resumed run redraws the same noise.
+  for f in ("tokens_BxT", "attn_mask_BxT", "loss_mask_BxT"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(clean, f))  # Targets and masks untouched.
+  changed, readable = 0, 0
+  for r, e in enumerate(exs):
+    p, n = len(e.prompt_ids), e.length
+    diff = np.flatnonzero(a.inputs_BxT[r] != a.tokens_BxT[r])
+    assert diff.size and diff.min() >= p and diff.max() <= n - 2  # Only response tokens that are read.
+    assert set(a.inputs_BxT[r, diff].tolist()) <= set(e.target_ids)  # Replacements come from the response.
+    changed += diff.size
+    readable += n - 1 - p
+  # About 30 % drawn; a draw of the same id leaves a position unchanged, so slightly fewer differ.
+  assert 0.2 < changed / readable < 0.33
+  with pytest.raises(ValueError, match="input_noise"):
+    D.make_batch(exs, rows=4, buckets=(4096,), pad_id=tok.pad_id, input_noise=1.0, rng=np.random.default_rng(0))
+  with pytest.raises(ValueError, match="rng"):
+    D.make_batch(exs, rows=4, buckets=(4096,), pad_id=tok.pad_id, input_noise=0.1)
+
+
 def test_length_limit_drops_or_truncates(tok):
   recs = fixture_records()
   full, _ = D.tokenize(recs, tok, max_seq_len=8192, truncate=False)

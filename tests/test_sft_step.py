@@ -49,7 +49,8 @@ def hand_loss(params, batch):
   """-mean over response positions of log_softmax(full logits at t - 1)[token t], in float64 NumPy."""
   model = nnx.merge(nnx.graphdef(Qwen2(TINY, rngs=nnx.Rngs(0))), params)
   b, t = batch.tokens_BxT.shape
-  logits = np.asarray(model(jnp.asarray(batch.tokens_BxT), jnp.broadcast_to(jnp.arange(t), (b, t)),
+  reads = batch.tokens_BxT if batch.inputs_BxT is None else batch.inputs_BxT
+  logits = np.asarray(model(jnp.asarray(reads), jnp.broadcast_to(jnp.arange(t), (b, t)),
                             jnp.asarray(batch.attn_mask_BxT))[0], np.float64)
   logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
       -1, keepdims=True)
@@ -81,6 +82,23 @@ def test_masked_loss_equals_hand_computation():
   assert abs(np.mean(all_pos) - want_loss) > 1e-3
   ev = jax.device_get(step.evaluate(jax.device_put(params, step.learner.param_shardings), step.put_batch(batch)))
   assert float(ev["nll_sum"]) / float(ev["tokens"]) == pytest.approx(want_loss, rel=1e-5)
+
+
+def test_noisy_inputs_are_read_and_targets_stay_true():
+  """sft.input_noise: the model reads inputs_BxT, the loss scores the true tokens (by hand, as above)."""
+  step = make_step()
+  clean = two_examples()
+  inputs = clean.tokens_BxT.copy()
+  inputs[0, 5], inputs[1, 8] = inputs[0, 7], inputs[1, 10]  # Two response tokens read as others of the row.
+  noisy = dataclasses.replace(clean, inputs_BxT=inputs)
+  params = params_host()
+  want_noisy, _, count, _ = hand_loss(params, noisy)
+  want_clean = hand_loss(params, clean)[0]
+  assert count == 11 and abs(want_noisy - want_clean) > 1e-4  # The corrupted reads change later predictions.
+  for batch, want in ((noisy, want_noisy), (clean, want_clean)):
+    state = step.learner.state_from_params(jax.device_put(params, step.learner.param_shardings))
+    _, m = jax.device_get(step.step(state, step.put_batch(batch)))
+    assert float(m["loss"]) == pytest.approx(want, rel=1e-5)
 
 
 def test_chunked_nll_matches_learner_logps():

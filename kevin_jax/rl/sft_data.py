@@ -213,11 +213,22 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
   raise ValueError(f"sequence of {length} tokens exceeds the largest bucket {max(buckets)}")
 
 
-def make_batch(examples: Sequence[Example], rows: int, buckets: Sequence[int], pad_id: int) -> SFTBatch:
+def make_batch(examples: Sequence[Example], rows: int, buckets: Sequence[int], pad_id: int, *,
+               input_noise: float = 0.0, rng: np.random.Generator | None = None) -> SFTBatch:
   """Right-padded host arrays [rows, T] (T = the smallest bucket that fits); rows beyond the examples are
-  padding rows (one attended token, no loss)."""
+  padding rows (one attended token, no loss).
+
+  input_noise > 0: each response token the model reads (all but the last) is, with this probability, replaced in
+  `inputs_BxT` by a token drawn uniformly from the same row's response; targets stay the true tokens. The policy
+  then learns to continue correctly after a token that is off its memorised text: the sampler's own deviations at
+  temperature 0.9 otherwise derail a memorising policy for the rest of the response (README "Results").
+  """
   if len(examples) > rows:
     raise ValueError(f"{len(examples)} examples for {rows} rows")
+  if not 0 <= input_noise < 1:
+    raise ValueError(f"sft.input_noise must be in [0, 1), got {input_noise}")
+  if input_noise > 0 and rng is None:
+    raise ValueError("input_noise needs an rng (a seeded numpy Generator: resumed runs redraw the same noise)")
   t = bucket_for(max(e.length for e in examples), buckets)
   tokens = np.full((rows, t), pad_id, np.int32)
   attn = np.zeros((rows, t), np.int32)
@@ -228,4 +239,11 @@ def make_batch(examples: Sequence[Example], rows: int, buckets: Sequence[int], p
     tokens[r, :n] = e.prompt_ids + e.target_ids
     attn[r, :n] = 1
     loss[r, p:n] = 1.0
-  return SFTBatch(tokens, attn, loss)
+  if input_noise <= 0:
+    return SFTBatch(tokens, attn, loss)
+  inputs = tokens.copy()
+  for r, e in enumerate(examples):
+    p, n = len(e.prompt_ids), e.length
+    hit = np.flatnonzero(rng.random(n - 1 - p) < input_noise) + p  # Read positions p .. n - 2.
+    inputs[r, hit] = rng.choice(np.asarray(e.target_ids, np.int32), size=hit.size)
+  return SFTBatch(tokens, attn, loss, inputs)

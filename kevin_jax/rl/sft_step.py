@@ -6,9 +6,11 @@ Batch contract (kevin_jax/rl/sft_data.py -> this step). One `SFTBatch` of B sequ
                           keep one real token so no row has zero length).
   loss_mask_BxT  float32  1 where tokens[t] is a response token (the target of the prediction at t - 1), 0 on
                           the prompt, on padding and at t = 0.
+  inputs_BxT     int32    optional: the ids the model reads (None = tokens). sft.input_noise corrupts some response
+                          tokens here while the targets stay `tokens` (sft_data.make_batch).
 B must be a multiple of G = sft micro_batch_size * data-parallel size; the step sums the gradients of B / G
 micro-batches (fp32), each normalised by the whole batch's response-token count, so accumulation is exact:
-  loss = - sum_bt loss_mask * log p(tokens[t] | tokens[<t]) / sum_bt loss_mask         (token mean)
+  loss = - sum_bt loss_mask * log p(tokens[t] | inputs[<t]) / sum_bt loss_mask         (token mean)
   token_acc = share of response tokens where tokens[t] is the argmax prediction.
 
 State, shardings, master weights and the parameter layout are the GRPO learner's (kevin_jax/rl/learner.py):
@@ -46,6 +48,7 @@ class SFTBatch:
   tokens_BxT: Any
   attn_mask_BxT: Any
   loss_mask_BxT: Any
+  inputs_BxT: Any = None  # None = tokens_BxT (no input noise).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,16 +129,17 @@ def make_sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
 
 
 def token_nll_and_hits(model, tokens_BxT, attn_mask_BxT, *, chunk: int, mesh: Mesh | None = None,
-                       scan_layers: bool = False) -> tuple[jax.Array, jax.Array]:
-  """log p(tokens[t] | tokens[<t]) and argmax hits, [B, T] fp32, in logits chunks (rl/logprobs.py's layout).
+                       scan_layers: bool = False, inputs_BxT=None) -> tuple[jax.Array, jax.Array]:
+  """log p(tokens[t] | inputs[<t]) and argmax hits, [B, T] fp32, in logits chunks (rl/logprobs.py's layout).
 
-  Same alignment and chunking as rl/logprobs.token_logps at temperature 1 (tests check they agree); also
-  returns hits_BxT = 1 where tokens[t] is the argmax of the prediction (no gradient). Position 0 gets 0.
+  inputs_BxT (default: tokens_BxT) is what the model reads; the targets are always tokens_BxT. Same alignment
+  and chunking as rl/logprobs.token_logps at temperature 1 (tests check they agree); also returns hits_BxT = 1
+  where tokens[t] is the argmax of the prediction (no gradient). Position 0 gets 0.
   """
   b, t = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
   hidden = scanned_hidden if scan_layers else type(model).hidden
-  h_BxTxD = hidden(model, tokens_BxT, positions_BxT, attn_mask_BxT)
+  h_BxTxD = hidden(model, tokens_BxT if inputs_BxT is None else inputs_BxT, positions_BxT, attn_mask_BxT)
   if mesh is not None:
     h_BxTxD = sharding.constrain(h_BxTxD, mesh, "batch", "seq", "act_embed")
   n = t - 1
@@ -167,7 +171,7 @@ def micro_loss(params, mb: SFTBatch, num_tokens, *, graphdef, cfg: SFTConfig, me
   """Summed NLL of one micro-batch / the whole batch's token count; returns (loss, stats of sums)."""
   model = nnx.merge(graphdef, params)
   logps, hits = token_nll_and_hits(model, mb.tokens_BxT, mb.attn_mask_BxT, chunk=cfg.logits_chunk, mesh=mesh,
-                                   scan_layers=cfg.scan_layers)
+                                   scan_layers=cfg.scan_layers, inputs_BxT=mb.inputs_BxT)
   mask = mb.loss_mask_BxT > 0
   nll_sum = -jnp.sum(jnp.where(mask, logps, 0.0))
   stats = dict(nll_sum=jax.lax.stop_gradient(nll_sum), hits_sum=jnp.sum(jnp.where(mask, hits, 0.0)),
@@ -276,9 +280,10 @@ class SFTStep:
     b, t = np.shape(batch.tokens_BxT)
     if b % self.learner.micro_batch:
       raise ValueError(f"batch has {b} rows; need a multiple of {self.learner.micro_batch}")
-    dtypes = (np.int32, np.int32, np.float32)
+    inputs = batch.tokens_BxT if batch.inputs_BxT is None else batch.inputs_BxT  # Always 4 arrays: one signature.
+    dtypes = (np.int32, np.int32, np.float32, np.int32)
     arrays = []
-    for x, dt in zip(dataclasses.astuple(batch), dtypes):
+    for x, dt in zip((batch.tokens_BxT, batch.attn_mask_BxT, batch.loss_mask_BxT, inputs), dtypes):
       if tuple(np.shape(x)) != (b, t):
         raise ValueError(f"SFTBatch arrays must all be [{b}, {t}], got {np.shape(x)}")
       x = learner_lib.to_device_order(np.asarray(x, dt), 1, self.learner.micro_batch)
@@ -298,5 +303,6 @@ class SFTStep:
     sh = self.learner.batch_sharding
     abstract = SFTBatch(sds((batch_size, seq_len), jnp.int32, sharding=sh),
                         sds((batch_size, seq_len), jnp.int32, sharding=sh),
-                        sds((batch_size, seq_len), jnp.float32, sharding=sh))
+                        sds((batch_size, seq_len), jnp.float32, sharding=sh),
+                        sds((batch_size, seq_len), jnp.int32, sharding=sh))
     return self._step.lower(self.learner.abstract_state, abstract).compile()
