@@ -93,7 +93,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     # plain warm start derail after one off-text sampled token (word salad, EOS inside the reasoning).
                     (f"multi_s{seed}_noise0.1", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sft.input_noise=0.1",
-                      "--config.evaluation.in_training_splits=('train',)"]) for seed in (0, 1)],
+                      "--config.evaluation.in_training_splits=('train',)"]) for seed in (0, 1)]
+                + [  # 2026-12-02 (sixth session): the default RL (GRPO, 2 x 16 x 4, lr 1e-5) sampling at temperature
+                    # 0.6 in training and evaluation: fewer off-text tokens for the memorising policy to derail on.
+                    # 16 steps, cached reference timing, train split only (one 10-minute call). Carried warm start.
+                    (f"multi_s{seed}_t0.6", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.sampler.temperature=0.6", "--config.total_steps=16",
+                      "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
+                    for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
