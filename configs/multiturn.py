@@ -25,6 +25,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
   c.total_steps = 20  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. The default run
   #   (warm start, 20 steps, before/after evaluations) took ~9 min on one H200 (BENCHMARKS.md, 2026-12-01).
+  c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
+  #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
 
   # --- Policy: the Flax NNX Qwen2 model. ---
   c.policy = ml_collections.ConfigDict()

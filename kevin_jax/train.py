@@ -12,6 +12,11 @@ it evaluates the current policy on fixed task splits (InTrainingEval: workdir/ev
 starting policy). Rerunning with the same workdir resumes from the latest checkpoint: step,
 parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
 resumed run reproduces an uninterrupted one.
+
+`time_budget_s` > 0 bounds the job's wall time: before each step it checks that the step (as long as the last
+one) and the closing evaluation (as long as this run's longest evaluation) still fit, and otherwise stops
+early, evaluates and checkpoints the last finished step, so a run cut by its allotted time never loses the
+after-RL numbers. A rerun in the same workdir continues towards total_steps.
 """
 
 from __future__ import annotations
@@ -144,6 +149,35 @@ def _write_config(workdir: str, config) -> None:
     f.write(config.to_json_best_effort(indent=1, sort_keys=True))
 
 
+_now = time.monotonic  # The wall clock of the time budget (tests substitute a fake one).
+
+
+class TimeBudget:
+  """config.time_budget_s: does another step plus the closing evaluation still fit? (module docstring)."""
+
+  def __init__(self, budget_s: float):
+    if budget_s < 0:
+      raise ValueError(f"time_budget_s must be >= 0 (0 = no budget), got {budget_s}")
+    self.budget_s, self.start = float(budget_s), _now()
+    self.step_s = self.eval_s = 0.0
+
+  def timed(self, fn, *args, kind: str):
+    t = _now()
+    out = fn(*args)
+    dt = _now() - t
+    if kind == "eval":
+      self.eval_s = max(self.eval_s, dt)
+    else:
+      self.step_s = dt
+    return out
+
+  def room_for_step(self) -> tuple[bool, float, float]:
+    """(fits, seconds left, seconds needed for one more step and the closing evaluation)."""
+    left = self.budget_s - (_now() - self.start)
+    need = self.step_s + self.eval_s
+    return self.budget_s <= 0 or left >= need, left, need
+
+
 def _warm_start_dir(config, workdir: str) -> str | None:
   """For the embedded default (sft.before_rl and no other start point): the warm start's HF export, trained first
   if missing (resumable; a finished one is reused). None otherwise: RL starts from runtime.start_source."""
@@ -156,6 +190,7 @@ def _warm_start_dir(config, workdir: str) -> str | None:
 
 def run(config, workdir: str) -> None:
   """mode=train."""
+  budget = TimeBudget(config.time_budget_s)  # From the job's start: the warm start counts too.
   runtime.require_gpu_for_evaluator(config)
   specs, sources = runtime.load_tasks(config, "train")
   policy = runtime.build_policy(config)
@@ -188,21 +223,38 @@ def run(config, workdir: str) -> None:
   reward = runtime.make_reward(config, config.tasks.source)
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   progress = metrics_lib.Progress(config.total_steps, "rl step", start=start, every_s=0.0, unit="steps")
+  def save(step):
+    ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
+
   try:
     if start == 0 and in_eval.due(0):
-      in_eval(0, state.params, reward)  # The starting policy (after any warm start), before any RL update.
+      # The starting policy (after any warm start), before any RL update.
+      budget.timed(in_eval, 0, state.params, reward, kind="eval")
     for step in range(start + 1, config.total_steps + 1):
-      state, m = rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
-                         task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params)
+      fits, left, need = budget.room_for_step()
+      if step > start + 1 and not fits:
+        done = step - 1
+        logging.warning("time budget (%.0f s): stopping after step %d of %d; %.0f s left, the next step and the "
+                        "closing evaluation need ~%.0f s. Rerun in the same workdir to continue.",
+                        config.time_budget_s, done, config.total_steps, left, need)
+        if in_eval.splits and not in_eval.due(done):
+          in_eval(done, state.params, reward)
+        if done % config.checkpoint.every_steps:
+          save(done)
+        break
+      state, m = budget.timed(
+          lambda: rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
+                          task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params),
+          kind="step")
       writer.write(step, m)
       progress.update(1, reward=m["reward/mean"], correct=m["correct/rate"],
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],
                       eval_s=m["time/evaluate_s"], learn_s=m["time/learn_s"],
                       gen_tok_s=m["speed/generate_tokens_per_s"], evals_s=m["speed/evaluations_per_s"])
       if in_eval.due(step):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
-        in_eval(step, state.params, reward)
+        budget.timed(in_eval, step, state.params, reward, kind="eval")
       if step % config.checkpoint.every_steps == 0 or step == config.total_steps:
-        ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
+        save(step)
   finally:
     writer.close()
     in_eval.close()

@@ -214,3 +214,47 @@ def test_evaluation_mode_on_an_exported_policy(tmp_path):
   assert 0 < report["per_turn"][-1]["correct_best"] <= 1
   for name in ("results.md", "results.csv", "scaling.png", "trajectories.jsonl"):
     assert os.path.getsize(out / name) > 0
+
+
+def test_time_budget_stops_early_then_evaluates_and_checkpoints(tmp_path, monkeypatch):
+  """time_budget_s: with a fake clock (a step takes 100 s, an evaluation 50 s) and 330 s, steps 1-2 run, step 3
+  would not leave room for the closing evaluation, so the job evaluates and checkpoints step 2 and stops; a rerun
+  without a budget continues to total_steps."""
+  clock = {"t": 0.0}
+  monkeypatch.setattr(train, "_now", lambda: clock["t"])
+  real_step, real_eval = train.rl_step, train.InTrainingEval.__call__
+
+  def slow_step(step, state, **kw):
+    clock["t"] += 100.0
+    return real_step(step, state, **kw)
+
+  def slow_eval(self, step, params, reward):
+    clock["t"] += 50.0
+    return real_eval(self, step, params, reward)
+
+  monkeypatch.setattr(train, "rl_step", slow_step)
+  monkeypatch.setattr(train.InTrainingEval, "__call__", slow_eval)
+
+  def config(budget):
+    c = _config(total_steps=5)
+    c.time_budget_s = budget
+    c.checkpoint.every_steps = 4  # Step 2 is saved only because the budget stops the run there.
+    c.evaluation.in_training_splits = ("train",)
+    c.evaluation.in_training_trajectories = 2
+    c.evaluation.in_training_turns = 2
+    c.evaluation.in_training_max_tasks = 2
+    return c
+
+  wd = tmp_path / "run"
+  train.run(config(330.0), str(wd))
+  assert list(metrics_lib.read_metrics(str(wd / "metrics.jsonl"))) == [1, 2]
+  assert [json.loads(l)["step"] for l in open(wd / "eval_metrics.jsonl")] == [0, 2]
+  assert clock["t"] == 50 + 100 + 100 + 50  # Evaluation, two steps, the closing evaluation.
+  assert sorted(os.listdir(wd / "checkpoints")) == ["2"]
+
+  train.run(config(0.0), str(wd))  # No budget: resumes at step 3 and finishes the run.
+  assert list(metrics_lib.read_metrics(str(wd / "metrics.jsonl"))) == [1, 2, 3, 4, 5]
+  assert [json.loads(l)["step"] for l in open(wd / "eval_metrics.jsonl")] == [0, 2, 5]
+  assert sorted(os.listdir(wd / "checkpoints")) == ["2", "4", "5"]
+  with pytest.raises(ValueError, match="time_budget_s"):
+    train.run(config(-1.0), str(tmp_path / "bad"))
