@@ -180,6 +180,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.corpus = ""  # JSONL, one {"messages": [...], "response": "..."} per line; '' = the bundled suite's
   #   corpus (kevin_jax/data/export_corpus.py: single-turn + feedback episodes if data/suite_results.json exists).
+  c.sft.corpus_kinds = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # Example kinds of the bundled
+  #   corpus (export_corpus.KINDS); the opt-in later-turn kinds retry_format, keep_fast, fast_then_format and
+  #   format_twice cover prompts rollouts produce after a format error or the fast solution (export_corpus.py).
   c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).
   c.sft.steps = 0  # Optimizer steps; 0 = ceil(epochs * training examples / batch_size).
   c.sft.batch_size = 16  # Sequences per optimizer step, global (a multiple of micro_batch_size x data-parallel);

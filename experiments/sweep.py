@@ -35,6 +35,7 @@ sys.path.insert(0, ROOT)
 
 # read_metrics keeps a resumed step's last record.
 from kevin_jax.metrics import read_metrics  # pylint: disable=wrong-import-position
+from kevin_jax.data import export_corpus  # pylint: disable=wrong-import-position
 
 SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, config, overrides)]
     "aggregation": [(f"{mode}_g{gamma}", "configs/multiturn.py",
@@ -99,6 +100,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     # 12 steps, cached reference timing, train split only (what the session's last GPU minutes allowed). Carried warm start.
                     (f"multi_s{seed}_t0.6", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sampler.temperature=0.6", "--config.total_steps=12",
+                      "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
+                    for seed in (0, 1)]
+                + [  # Next (prepared 2026-12-02, not yet run): the warm start also trained on the later-turn prompts
+                    # rollouts produce (export_corpus.LATER_TURN_KINDS), then the default RL at temperature 0.6,
+                    # stopping in time for the closing evaluation (time_budget_s; run it in a stage of >= 560 s).
+                    (f"multi_s{seed}_kinds_t0.6", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.sft.corpus_kinds=" + repr(export_corpus.ALL_KINDS),
+                      "--config.sampler.temperature=0.6", "--config.time_budget_s=520",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1)],
 }

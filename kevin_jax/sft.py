@@ -69,7 +69,10 @@ def load_data(config, tokenizer) -> Data:
       records, source = sft_data.read_corpus(s.corpus), s.corpus
     else:
       specs, _ = runtime.load_tasks(config, "all")
-      records = sft_data.bundled_corpus(s.id for s in specs)
+      try:
+        records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds))
+      except ValueError as e:  # Unknown kinds.
+        raise SystemExit(f"error: sft.corpus_kinds: {e}") from e
       source = "the bundled suite (kevin_jax/data/export_corpus.py)"
       if not records:
         raise sft_data.CorpusError(f"task source {config.tasks.source!r} has no bundled solutions to build a "

@@ -11,7 +11,7 @@ import pytest
 from kevin_jax.data import export_corpus
 from kevin_jax.kernels import suite
 from kevin_jax.kernels.result import EvalResult, finalize
-from kevin_jax.rl import prompts, sft_data
+from kevin_jax.rl import prompts, rollout, sft_data
 
 TASKS = ["level1/01_ReLU", "level1/04_ELU", "level1/07_Argmax"]
 
@@ -90,6 +90,41 @@ def test_export_with_results(tmp_path, results_file):
   # Tasks without results get single-turn examples only.
   swish = [r for r in recs if r["task_id"] == "level1/03_Swish"]
   assert [r["kind"] for r in swish] == ["single", "single"]
+
+
+def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_file):
+  """Opt-in kinds: after a response that ended inside its reasoning the prompt is exactly the rollout's (whatever
+  the derailed text was), and after the fast solution it carries that solution's real feedback."""
+  path, data = results_file
+  out = str(tmp_path / "corpus.jsonl")
+  counts = export_corpus.export(out, path, levels=[1], kinds=export_corpus.ALL_KINDS)
+  relu = {r["kind"]: r for r in _records(out) if r["task_id"] == "level1/01_ReLU"}
+  assert set(relu) == set(export_corpus.ALL_KINDS)
+  for kind in export_corpus.LATER_TURN_KINDS:
+    assert counts[kind] == 3  # The three tasks with results.
+    parsed = prompts.parse_response(relu[kind]["response"])
+    assert parsed.error == "" and relu[kind]["target"] == "optimized" and prompts.opens_as_expected(parsed.reasoning)
+  # What rl/rollout.py appends to a trajectory's history after a derailed response (its own code path).
+  derailed = prompts.parse_response("<think>\nOkay, the previous kernel wasnoneeak of its sum-of-memory task")
+  seen = prompts.Attempt(derailed.candidate_text, derailed.summary,
+                         str(rollout.format_error_result(derailed.error)["feedback"])[:2000])
+  task = next(t for t in suite.load_suite([1]) if t.id == "level1/01_ReLU")
+  assert relu["retry_format"]["messages"] == prompts.build_messages(task.spec.source, [seen])
+  assert relu["format_twice"]["messages"] == prompts.build_messages(task.spec.source, [seen, seen])
+  assert relu["retry_format"]["turn"] == 2 and relu["format_twice"]["turn"] == 3
+  opt = {c.name: c for c in task.candidates()}["optimized"]
+  fast = prompts.Attempt(opt.text, opt.summary, data["results"]["level1/01_ReLU"]["optimized"]["feedback"])
+  assert relu["keep_fast"]["messages"] == prompts.build_messages(task.spec.source, [fast])
+  assert relu["fast_then_format"]["messages"] == prompts.build_messages(task.spec.source, [fast, seen])
+  assert "1.10x" in relu["keep_fast"]["response"]  # Its recorded speedup.
+  assert "ended inside the reasoning" in relu["retry_format"]["response"]
+  # The default corpus has none of them; unknown kinds are errors naming the known ones.
+  assert {r["kind"] for r in export_corpus.examples_for_task(task, data["results"]["level1/01_ReLU"])[0]} == set(
+      export_corpus.KINDS)
+  with pytest.raises(ValueError, match="known: single"):
+    export_corpus.examples_for_task(task, {}, kinds=("single", "retry"))
+  assert export_corpus.main(["--out", out, "--results", path, "--levels", "1", "--kinds", "single,keep_fast"]) == 0
+  assert {r["kind"] for r in _records(out)} == {"single", "keep_fast"}
 
 
 def test_export_without_results_is_single_turn(tmp_path, capsys):

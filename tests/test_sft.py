@@ -168,7 +168,11 @@ def test_bad_corpora_are_clear_errors(tmp_path, corpus, full_run):
   c.sft.seq_buckets = ()
   with pytest.raises(SystemExit, match="longer than sft.max_seq_len = 64"):
     sft.run(c, str(tmp_path / "w3"))
-  for w in ("w1", "w2", "w3"):
+  c = make_config("")  # The bundled corpus, with a misspelt kind.
+  c.sft.corpus_kinds = ("single", "retry_formats")
+  with pytest.raises(SystemExit, match="sft.corpus_kinds.*unknown \\['retry_formats'\\]"):
+    sft.run(c, str(tmp_path / "w4"))
+  for w in ("w1", "w2", "w3", "w4"):
     assert not os.path.exists(tmp_path / w / "checkpoints")
   other = tmp_path / "other.jsonl"
   other.write_text("".join(open(corpus).readlines()[:-1]))  # One example fewer.

@@ -12,6 +12,17 @@ metadata (task_id, kind, target, attempts, level). Examples, per task:
                     when the results show the optimized one is faster
   fix_then_speed_up turn 3: a wrong variant, then the naive solution, each with feedback -> the optimized one
 
+Opt-in kinds (`kinds=ALL_KINDS`, config sft.corpus_kinds) for the later-turn prompts that rollouts produce and the
+four above never show (README "Results", 2026-12-02: after a format error the next turn failed again 24-82 times
+in 27-85):
+  retry_format      turn 2: a response that ended inside its reasoning -> the optimized solution
+  keep_fast         turn 2: the optimized solution + its feedback (correct, its speedup) -> the optimized one again
+  fast_then_format  turn 3: the optimized solution, then a response that ended inside its reasoning -> optimized
+  format_twice      turn 3: two responses that ended inside their reasoning -> the optimized solution
+The format-error attempt is built by the rollout's own code (prompts.parse_response, rollout.format_error_result)
+from a response cut inside its reasoning: its prompt is the one a rollout shows after any such response, whatever
+text preceded the cut.
+
 Feedback is the evaluator's real text from a verification run (experiments/verify_suite.py --update-meta writes
 kevin_jax/data/suite_results.json; a results.json of a run works too). Attempts whose recorded status differs
 from their label are left out, and without a results file only `single` examples are written: feedback is
@@ -30,9 +41,20 @@ from typing import Any, Iterable
 
 from kevin_jax.kernels import suite, tasks
 from kevin_jax.rl import prompts
+from kevin_jax.rl import rollout
 
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_results.json")
-KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")
+KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # The default corpus.
+LATER_TURN_KINDS = ("retry_format", "keep_fast", "fast_then_format", "format_twice")  # Opt-in (docstring).
+ALL_KINDS = KINDS + LATER_TURN_KINDS
+
+
+def check_kinds(kinds) -> tuple[str, ...]:
+  kinds = tuple(kinds)
+  unknown = [k for k in kinds if k not in ALL_KINDS]
+  if unknown or not kinds:
+    raise ValueError(f"corpus kinds {list(kinds)}: unknown {unknown or 'none given'}; known: {', '.join(ALL_KINDS)}")
+  return kinds
 
 
 def load_results(path: str) -> dict[str, dict[str, dict]]:
@@ -75,6 +97,25 @@ def reasoning_speed(meta: dict, slow: dict, target: suite.SuiteCandidate) -> str
           f"{_sentence(meta['description'])} To go faster: {_sentence(target.summary)}")
 
 
+def reasoning_retry(meta: dict, feedback: str, target: suite.SuiteCandidate) -> str:
+  return (f"Okay, the last attempt gave no kernel: {_sentence(_first_line(feedback))} The task: "
+          f"{_sentence(meta['description'])} Plan: {_sentence(target.summary)}")
+
+
+def reasoning_keep(meta: dict, fast: dict, target: suite.SuiteCandidate) -> str:
+  return (f"Okay, the previous kernel was correct at {fast['speedup']:.2f}x against PyTorch, the fastest design I "
+          f"have. The task: {_sentence(meta['description'])} I keep it: {_sentence(target.summary)}")
+
+
+def format_error_attempt(target: suite.SuiteCandidate, reasoning: str) -> prompts.Attempt:
+  """What a rollout's next prompt shows after a response that ended inside its reasoning (module docstring)."""
+  cut = f"{prompts.THINK_OPEN}\n{' '.join(reasoning.split()[:6])}"
+  parsed = prompts.parse_response(cut)
+  if not parsed.error:
+    raise AssertionError(f"{target.name}: a response cut inside its reasoning parsed without error")
+  return prompts.Attempt(parsed.candidate_text, parsed.summary, rollout.format_error_result(parsed.error)["feedback"])
+
+
 def _lower_first(s: str) -> str:
   s = s.strip().rstrip(".")
   return s[:1].lower() + s[1:] if s else "does not compute what the reference computes"
@@ -88,8 +129,16 @@ def _record(task: suite.SuiteTask, kind: str, attempts: list[prompts.Attempt], n
           "attempts": names, "turn": len(attempts) + 1}
 
 
-def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None) -> tuple[list[dict], list[str]]:
-  """The corpus records of one task and the notes on what was left out (status != label, no results)."""
+def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None,
+                      kinds=KINDS) -> tuple[list[dict], list[str]]:
+  """The corpus records of one task (of the given kinds) and the notes on what was left out (status != label,
+  no results)."""
+  kinds = check_kinds(kinds)
+  out, notes = _all_examples(task, results)
+  return [r for r in out if r["kind"] in kinds], notes
+
+
+def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None) -> tuple[list[dict], list[str]]:
   meta = task.meta
   cands = {c.name: c for c in task.candidates()}
   naive, opt = cands["naive"], cands["optimized"]
@@ -99,6 +148,11 @@ def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None) ->
     return out, []
   if not results:
     return out, [f"{task.id}: no evaluator results, single-turn examples only"]
+  broken = format_error_attempt(opt, reasoning_single(meta, opt))
+  out.append(_record(task, "retry_format", [broken], ["format_error"], reasoning_retry(meta, broken.feedback, opt),
+                     opt))
+  out.append(_record(task, "format_twice", [broken, broken], ["format_error", "format_error"],
+                     reasoning_retry(meta, broken.feedback, opt), opt))
 
   def attempt(c: suite.SuiteCandidate):
     r = results.get(c.name)
@@ -112,6 +166,11 @@ def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None) ->
 
   naive_att, naive_res = attempt(naive)
   opt_res = results.get("optimized") or {}
+  if opt_res.get("feedback") and opt_res.get("status") == opt.expect == "correct" and opt_res.get("speedup"):
+    opt_att = prompts.Attempt(candidate_text=opt.text, summary=opt.summary, feedback=opt_res["feedback"])
+    out.append(_record(task, "keep_fast", [opt_att], ["optimized"], reasoning_keep(meta, opt_res, opt), opt))
+    out.append(_record(task, "fast_then_format", [opt_att, broken], ["optimized", "format_error"],
+                       reasoning_retry(meta, broken.feedback, opt), opt))
   faster = (naive_res is not None and opt_res.get("status") == "correct" and naive_res.get("speedup")
             and opt_res.get("speedup") and opt_res["speedup"] > naive_res["speedup"])
   if faster:
@@ -131,8 +190,8 @@ def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None) ->
 
 
 def export(out_path: str, results_path: str | None, levels=None, split: str = "all",
-           test_fraction: float = 0.25, seed: int = 0) -> dict[str, int]:
-  """Writes the corpus; returns the number of examples per kind."""
+           test_fraction: float = 0.25, seed: int = 0, kinds=KINDS) -> dict[str, int]:
+  """Writes the corpus (examples of the given kinds); returns the number of examples per kind."""
   results = load_results(results_path) if results_path else None
   suite_tasks = suite.load_suite(levels)
   if split != "all":
@@ -143,7 +202,7 @@ def export(out_path: str, results_path: str | None, levels=None, split: str = "a
   notes: list[str] = []
   with open(out_path, "w", encoding="utf-8") as f:
     for t in suite_tasks:
-      recs, why = examples_for_task(t, None if results is None else results.get(t.id, {}))
+      recs, why = examples_for_task(t, None if results is None else results.get(t.id, {}), kinds)
       notes += why
       for r in recs:
         f.write(json.dumps(r) + "\n")
@@ -162,11 +221,14 @@ def main(argv: Iterable[str] | None = None) -> int:
   ap.add_argument("--levels", default="", help="comma-separated levels (default: all)")
   ap.add_argument("--split", choices=("all", "train", "test"), default="all",
                   help="only the tasks of this side of the bundled split (config.tasks defaults)")
+  ap.add_argument("--kinds", default=",".join(KINDS),
+                  help=f"comma-separated example kinds (default: {','.join(KINDS)}; 'all' = {','.join(ALL_KINDS)})")
   a = ap.parse_args(list(argv) if argv is not None else None)
   levels = [int(x) for x in a.levels.split(",") if x.strip()] or None
-  counts = export(a.out, a.results or None, levels, a.split)
+  kinds = ALL_KINDS if a.kinds == "all" else check_kinds(k for k in a.kinds.split(",") if k.strip())
+  counts = export(a.out, a.results or None, levels, a.split, kinds=kinds)
   total = sum(counts.values())
-  print(f"{total} examples -> {a.out}: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KINDS)
+  print(f"{total} examples -> {a.out}: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in kinds)
         + ("" if a.results else " (no results file: single-turn only)"))
   return 0 if total else 1
 

@@ -75,7 +75,7 @@ def _validate(rec: Any, where: str) -> None:
     raise CorpusError(f"{where}: 'response' must be a non-empty string")
 
 
-def bundled_corpus(task_ids: Iterable[str]) -> list[dict[str, Any]]:
+def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
   """The bundled suite's corpus for the given task ids, built by kevin_jax/data/export_corpus.py in memory.
 
   Single-turn examples (naive and optimized solutions) for every task, plus multi-turn fix / speed-up episodes
@@ -90,7 +90,8 @@ def bundled_corpus(task_ids: Iterable[str]) -> list[dict[str, Any]]:
   records = []
   for task in suite.load_suite():
     if task.id in wanted:
-      records += export_corpus.examples_for_task(task, None if results is None else results.get(task.id, {}))[0]
+      records += export_corpus.examples_for_task(task, None if results is None else results.get(task.id, {}),
+                                                 export_corpus.KINDS if kinds is None else kinds)[0]
   return records
 
 
