@@ -42,7 +42,7 @@ from kevin_jax.rl.learner import Learner, TrainBatch, pad_batch  # pylint: disab
 from kevin_jax.rl.optimizer import OptimizerConfig  # pylint: disable=wrong-import-position
 
 EOS = 1
-TEMPERATURE = 0.9
+TEMPERATURE = 0.9  # Sampling (and learner) temperature unless --temperature says otherwise.
 
 
 def make_task(num_prompts: int, prompt_len: int, target_len: int, seed: int, free_len: int = 0):
@@ -83,8 +83,8 @@ def is_correct(response, target, tolerance: int, free_len: int = 0) -> bool:
 
 def evaluate(sampler, params, prompts, targets, samples: int, tolerance: int, free_len: int = 0,
              seed: int = 12345) -> dict:
-  """Fixed-seed samples of every prompt: share correct, mean NLL of the sampled tokens at T = 0.9 (all, and of
-  the unscored first free_len tokens alone)."""
+  """Fixed-seed samples of every prompt: share correct, mean NLL of the sampled tokens at the sampler's
+  temperature (all, and of the unscored first free_len tokens alone)."""
   rows = [p for p in prompts for _ in range(samples)]
   out = sampler.generate(params, rows, seed=seed, max_new_tokens=response_budget(targets), eos_ids=[EOS])
   ok = [is_correct(toks, targets[i // samples], tolerance, free_len) for i, toks in enumerate(out.tokens)]
@@ -128,7 +128,7 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: f
                            **adv_kw)
   learner = Learner(MODEL, rl_cfg, OptimizerConfig(learning_rate=lr, warmup_steps=args.warmup, eps=args.adam_eps,
                                                    name=args.optimizer),
-                    mesh, temperature=TEMPERATURE)
+                    mesh, temperature=args.temperature)
   state = learner.state_from_params(jax.tree.map(jnp.asarray, params))
   ref = learner.copy_params(state.params) if args.kl_beta > 0 else None  # KL to the warm start.
   rng = np.random.default_rng(args.seed + 1)
@@ -138,7 +138,8 @@ def run(args, params, sft_steps: int, lr: float, mode: str, neg: float, alpha: f
       rec = {"sft_steps": sft_steps, "lr": lr, "mode": mode, "negative_scale": neg, "adv_prob_weight": alpha,
              "free_len": args.free_len, "tasks_per_step": tasks_per_step,
              "kl_beta": args.kl_beta, "adam_eps": args.adam_eps, "optimizer": args.optimizer,
-             "shuffled": args.shuffle_advantages, "step": step, "moved": moved(params, state.params),
+             "shuffled": args.shuffle_advantages, "temperature": args.temperature, "step": step,
+             "moved": moved(params, state.params),
              **evaluate(sampler, state.params, prompts, targets, args.eval_samples, args.tolerance, args.free_len)}
       history.append(rec)
       log(rec)
@@ -185,6 +186,7 @@ def main(argv=None) -> int:
   p.add_argument("--warmup", type=int, default=1, help="RL optimizer updates of linear warmup")
   p.add_argument("--group", type=int, default=32, help="samples per prompt per RL step")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--temperature", type=float, default=TEMPERATURE, help="sampling temperature of RL and evaluation")
   p.add_argument("--out", default="", help="JSONL file for every evaluation record")
   args = p.parse_args(argv)
   out = open(args.out, "w", encoding="utf-8") if args.out else None
@@ -199,7 +201,7 @@ def main(argv=None) -> int:
   mesh = sharding.make_mesh((("fsdp", 1), ("tensor", 1)), jax.devices()[:1])
   prompts, targets = make_task(args.prompts, 8, args.target_len, args.seed, args.free_len)
   sampler = Sampler(MODEL, None, SamplerConfig(batch_size=64, prompt_buckets=(16,), kv_cache_dtype="float32",
-                                               max_new_tokens=response_budget(targets), temperature=TEMPERATURE))
+                                               max_new_tokens=response_budget(targets), temperature=args.temperature))
   for sft_steps in map(int, args.sft_steps.split(",")):
     params = warm_start(args, sft_steps, prompts, targets, mesh)
     for lr in map(float, args.lrs.split(",")):

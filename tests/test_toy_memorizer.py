@@ -36,10 +36,11 @@ def test_free_len_prob_weight_and_sgd_arms_run(tmp_path):
   out = tmp_path / "toy.jsonl"
   assert toy.main(["--sft-steps", "80", "--lrs", "0.5", "--rl-steps", "1", "--eval-every", "1", "--prompts", "4",
                    "--free-len", "4", "--target-len", "8", "--group", "8", "--eval-samples", "8",
-                   "--negative-scales", "0", "--prob-weights", "0,1", "--optimizer", "sgd", "--out", str(out)]) == 0
+                   "--negative-scales", "0", "--prob-weights", "0,1", "--optimizer", "sgd", "--temperature", "0.6",
+                   "--out", str(out)]) == 0
   recs = [json.loads(line) for line in open(out, encoding="utf-8")]
   assert [(r["adv_prob_weight"], r["step"]) for r in recs] == [(0.0, 0), (0.0, 1), (1.0, 0), (1.0, 1)]
-  assert all(r["optimizer"] == "sgd" and r["free_len"] == 4 for r in recs)
+  assert all(r["optimizer"] == "sgd" and r["free_len"] == 4 and r["temperature"] == 0.6 for r in recs)
   assert 12.5 <= recs[0]["len"] <= 13.5  # 4 free + 8 scored tokens + EOS.
   assert all(math.isfinite(r["nll_free"]) and r["nll_free"] >= 0 for r in recs)
   assert recs[1]["moved"] > 0 and recs[3]["moved"] > 0
