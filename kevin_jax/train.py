@@ -16,7 +16,8 @@ resumed run reproduces an uninterrupted one.
 `time_budget_s` > 0 bounds the job's wall time: before each step it checks that the step (as long as the last
 one) and the closing evaluation (as long as this run's longest evaluation) still fit, and otherwise stops
 early, evaluates and checkpoints the last finished step, so a run cut by its allotted time never loses the
-after-RL numbers. A rerun in the same workdir continues towards total_steps.
+after-RL numbers. Each invocation runs at least one step; a resumed run has no evaluation time to go by until it
+has evaluated once. A rerun in the same workdir continues towards total_steps.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ metadata (task_id, kind, target, attempts, level). Examples, per task:
   fix_then_speed_up turn 3: a wrong variant, then the naive solution, each with feedback -> the optimized one
 
 Opt-in kinds (`kinds=ALL_KINDS`, config sft.corpus_kinds) for the later-turn prompts that rollouts produce and the
-four above never show (README "Results", 2026-12-02: after a format error the next turn failed again 24-82 times
-in 27-85):
+four above never show (README "Results", 2026-12-02: after a format error, 89-96 % of next turns were format
+errors again):
   retry_format      turn 2: a response that ended inside its reasoning -> the optimized solution
   keep_fast         turn 2: the optimized solution + its feedback (correct, its speedup) -> the optimized one again
   fast_then_format  turn 3: the optimized solution, then a response that ended inside its reasoning -> optimized
