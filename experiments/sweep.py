@@ -97,7 +97,8 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluation.in_training_splits=('train',)"]) for seed in (0, 1)]
                 + [  # 2026-12-02 (sixth session): the default RL (GRPO, 2 x 16 x 4, lr 1e-5) sampling at temperature
                     # 0.6 in training and evaluation: fewer off-text tokens for the memorising policy to derail on.
-                    # 12 steps, cached reference timing, train split only (what the session's last GPU minutes allowed). Carried warm start.
+                    # 12 steps (what the session's last GPU minutes allowed), cached reference timing, train split
+                    # only. Carried warm start.
                     (f"multi_s{seed}_t0.6", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sampler.temperature=0.6", "--config.total_steps=12",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])

@@ -13,15 +13,17 @@ starting policy). Rerunning with the same workdir resumes from the latest checkp
 parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
 resumed run reproduces an uninterrupted one.
 
-`time_budget_s` > 0 bounds the job's wall time: before each step it checks that the step (as long as the last
-one) and the closing evaluation (as long as this run's longest evaluation) still fit, and otherwise stops
-early, evaluates and checkpoints the last finished step, so a run cut by its allotted time never loses the
-after-RL numbers. Each invocation runs at least one step; a resumed run has no evaluation time to go by until it
-has evaluated once. A rerun in the same workdir continues towards total_steps.
+`time_budget_s` > 0 bounds the job's wall time: after each step it checks that another step (as long as this
+one) and the closing evaluation (as long as this run's longest evaluation), plus this step's own periodic
+evaluation if one is due, still fit; if not, this step becomes the last one, which the loop evaluates and
+checkpoints as it does total_steps, so a run cut by its allotted time never loses the after-RL numbers. Each
+invocation runs at least one step; a resumed run has no evaluation time to go by until it has evaluated once. A
+rerun in the same workdir continues towards total_steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -107,9 +109,11 @@ class InTrainingEval:
       self.splits[split] = (ids, {i: sources[i] for i in ids})
     self._writer = None
 
-  def due(self, step: int) -> bool:
+  def due(self, step: int, last: int | None = None) -> bool:
+    """Before step 1, every in_training_every steps, and after `last` (default: total_steps)."""
     every = self.config.evaluation.in_training_every
-    return bool(self.splits) and (step in (0, self.config.total_steps) or (every > 0 and step % every == 0))
+    last = self.config.total_steps if last is None else last
+    return bool(self.splits) and (step in (0, last) or (every > 0 and step % every == 0))
 
   def __call__(self, step: int, params, reward) -> dict[str, float]:
     if self._writer is None:
@@ -162,20 +166,22 @@ class TimeBudget:
     self.budget_s, self.start = float(budget_s), _now()
     self.step_s = self.eval_s = 0.0
 
-  def timed(self, fn, *args, kind: str):
+  @contextlib.contextmanager
+  def timing(self, kind: str):
+    """Times a step (kind 'step': the last one counts) or an evaluation ('eval': the longest counts)."""
     t = _now()
-    out = fn(*args)
+    yield
     dt = _now() - t
     if kind == "eval":
       self.eval_s = max(self.eval_s, dt)
     else:
       self.step_s = dt
-    return out
 
-  def room_for_step(self) -> tuple[bool, float, float]:
-    """(fits, seconds left, seconds needed for one more step and the closing evaluation)."""
+  def room_for_step(self, evaluating_now: bool) -> tuple[bool, float, float]:
+    """(fits, seconds left, seconds needed): another step and the closing evaluation, after this step's own
+    evaluation if `evaluating_now`."""
     left = self.budget_s - (_now() - self.start)
-    need = self.step_s + self.eval_s
+    need = self.step_s + self.eval_s * (2 if evaluating_now else 1)
     return self.budget_s <= 0 or left >= need, left, need
 
 
@@ -224,38 +230,33 @@ def run(config, workdir: str) -> None:
   reward = runtime.make_reward(config, config.tasks.source)
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   progress = metrics_lib.Progress(config.total_steps, "rl step", start=start, every_s=0.0, unit="steps")
-  def save(step):
-    ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
-
+  last = config.total_steps  # The time budget may make an earlier step the last one.
   try:
     if start == 0 and in_eval.due(0):
-      # The starting policy (after any warm start), before any RL update.
-      budget.timed(in_eval, 0, state.params, reward, kind="eval")
+      with budget.timing("eval"):
+        in_eval(0, state.params, reward)  # The starting policy (after any warm start), before any RL update.
     for step in range(start + 1, config.total_steps + 1):
-      fits, left, need = budget.room_for_step()
-      if step > start + 1 and not fits:
-        done = step - 1
-        logging.warning("time budget (%.0f s): stopping after step %d of %d; %.0f s left, the next step and the "
-                        "closing evaluation need ~%.0f s. Rerun in the same workdir to continue.",
-                        config.time_budget_s, done, config.total_steps, left, need)
-        if in_eval.splits and not in_eval.due(done):
-          in_eval(done, state.params, reward)
-        if done % config.checkpoint.every_steps:
-          save(done)
-        break
-      state, m = budget.timed(
-          lambda: rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
-                          task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params),
-          kind="step")
+      with budget.timing("step"):
+        state, m = rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
+                           task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params)
       writer.write(step, m)
       progress.update(1, reward=m["reward/mean"], correct=m["correct/rate"],
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],
                       eval_s=m["time/evaluate_s"], learn_s=m["time/learn_s"],
                       gen_tok_s=m["speed/generate_tokens_per_s"], evals_s=m["speed/evaluations_per_s"])
-      if in_eval.due(step):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
-        budget.timed(in_eval, step, state.params, reward, kind="eval")
-      if step % config.checkpoint.every_steps == 0 or step == config.total_steps:
-        save(step)
+      fits, left, need = budget.room_for_step(evaluating_now=in_eval.due(step))
+      if step < last and not fits:
+        last = step
+        logging.warning("time budget (%.0f s): step %d of %d is the last; %.0f s left, another step and the "
+                        "closing evaluation need ~%.0f s. Rerun in the same workdir to continue.",
+                        config.time_budget_s, step, config.total_steps, left, need)
+      if in_eval.due(step, last):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
+        with budget.timing("eval"):
+          in_eval(step, state.params, reward)
+      if step % config.checkpoint.every_steps == 0 or step == last:
+        ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
+      if step == last:
+        break
   finally:
     writer.close()
     in_eval.close()

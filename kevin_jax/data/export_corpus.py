@@ -149,10 +149,9 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None) -> tup
   if not results:
     return out, [f"{task.id}: no evaluator results, single-turn examples only"]
   broken = format_error_attempt(opt, reasoning_single(meta, opt))
-  out.append(_record(task, "retry_format", [broken], ["format_error"], reasoning_retry(meta, broken.feedback, opt),
-                     opt))
-  out.append(_record(task, "format_twice", [broken, broken], ["format_error", "format_error"],
-                     reasoning_retry(meta, broken.feedback, opt), opt))
+  retry = reasoning_retry(meta, broken.feedback, opt)
+  out.append(_record(task, "retry_format", [broken], ["format_error"], retry, opt))
+  out.append(_record(task, "format_twice", [broken, broken], ["format_error", "format_error"], retry, opt))
 
   def attempt(c: suite.SuiteCandidate):
     r = results.get(c.name)
@@ -169,8 +168,7 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None) -> tup
   if opt_res.get("feedback") and opt_res.get("status") == opt.expect == "correct" and opt_res.get("speedup"):
     opt_att = prompts.Attempt(candidate_text=opt.text, summary=opt.summary, feedback=opt_res["feedback"])
     out.append(_record(task, "keep_fast", [opt_att], ["optimized"], reasoning_keep(meta, opt_res, opt), opt))
-    out.append(_record(task, "fast_then_format", [opt_att, broken], ["optimized", "format_error"],
-                       reasoning_retry(meta, broken.feedback, opt), opt))
+    out.append(_record(task, "fast_then_format", [opt_att, broken], ["optimized", "format_error"], retry, opt))
   faster = (naive_res is not None and opt_res.get("status") == "correct" and naive_res.get("speedup")
             and opt_res.get("speedup") and opt_res["speedup"] > naive_res["speedup"])
   if faster:
