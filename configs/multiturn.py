@@ -172,6 +172,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # numbers). Writes workdir/eval_metrics.jsonl (step 0 = the starting policy) and eval_rollouts/.
   c.evaluation.in_training_splits = ("train", "test")  # Splits to evaluate (() = none).
   c.evaluation.in_training_every = 0  # Also every N RL steps (0 = only before the first and after the last).
+  c.evaluation.in_training_first = True  # Evaluate the starting policy before step 1 (False: skip it, e.g. when an
+  #   earlier run with the same seed and starting weights already has it: its sampling seed is the same).
   c.evaluation.in_training_trajectories = 4  # Parallel trajectories per task, k.
   c.evaluation.in_training_turns = 4  # Turns per trajectory (the training rollout's 4).
   c.evaluation.in_training_max_tasks = 0  # At most this many tasks per split, in split order (0 = all).

@@ -17,7 +17,8 @@ resumed run reproduces an uninterrupted one.
 one) and the closing evaluation (as long as this run's longest evaluation), plus this step's own periodic
 evaluation if one is due, still fit; if not, this step becomes the last one, which the loop evaluates and
 checkpoints as it does total_steps, so a run cut by its allotted time never loses the after-RL numbers. Each
-invocation runs at least one step; a resumed run has no evaluation time to go by until it has evaluated once. A
+invocation runs at least one step; a resumed run, or one that skips the step-0 evaluation
+(evaluation.in_training_first=False), has no evaluation time to go by until it has evaluated once. A
 rerun in the same workdir continues towards total_steps.
 """
 
@@ -110,10 +111,13 @@ class InTrainingEval:
     self._writer = None
 
   def due(self, step: int, last: int | None = None) -> bool:
-    """Before step 1, every in_training_every steps, and after `last` (default: total_steps)."""
-    every = self.config.evaluation.in_training_every
+    """Before step 1 (unless in_training_first is False), every in_training_every steps, and after `last`
+    (default: total_steps)."""
+    e = self.config.evaluation
     last = self.config.total_steps if last is None else last
-    return bool(self.splits) and (step in (0, last) or (every > 0 and step % every == 0))
+    if step == 0:
+      return bool(self.splits) and e.in_training_first
+    return bool(self.splits) and (step == last or (e.in_training_every > 0 and step % e.in_training_every == 0))
 
   def __call__(self, step: int, params, reward) -> dict[str, float]:
     if self._writer is None:

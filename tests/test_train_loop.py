@@ -144,6 +144,21 @@ def test_in_training_eval_before_after_and_resume(tmp_path, monkeypatch):
         assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
 
 
+def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
+  """evaluation.in_training_first=False: no step-0 evaluation; the periodic and closing ones still run."""
+  c = _config(total_steps=3)
+  c.evaluation.in_training_splits = ("train",)
+  c.evaluation.in_training_trajectories = 2
+  c.evaluation.in_training_turns = 1
+  c.evaluation.in_training_max_tasks = 1
+  c.evaluation.in_training_every = 2
+  c.evaluation.in_training_first = False
+  train.run(c, str(tmp_path))
+  lines = [json.loads(l) for l in open(tmp_path / "eval_metrics.jsonl")]
+  assert [r["step"] for r in lines] == [2, 3]
+  assert sorted(os.listdir(tmp_path / "eval_rollouts")) == ["step_000002_train.jsonl", "step_000003_train.jsonl"]
+
+
 def test_no_gpu_stops_before_writing(tmp_path):
   if cuda_driver.device_count():
     pytest.skip("a GPU is present")
