@@ -111,13 +111,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.sampler.temperature=0.6", "--config.time_budget_s=520",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1)]
-                + [  # 2026-12-02 (seventh session): multi_s0_t0.6 for 20 steps instead of 12, without re-evaluating
-                    # the starting policy (its step-0 numbers are multi_s0_t0.6's: same seed, weights and sampling
-                    # seed). Carried warm start: -- --config.init_from=runs/warm.
-                    ("multi_s0_t0.6_20", "configs/multiturn.py",
-                     ["--config.seed=0", "--config.sampler.temperature=0.6", "--config.total_steps=20",
-                      "--config.evaluation.in_training_first=False", "--config.evaluator.run_timeout_s=20",
-                      "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])],
+                + [  # 2026-12-02 (seventh session): multi_s{0,1}_t0.6 for 20 steps instead of 12. Seed 0 does not
+                    # re-evaluate the starting policy (its step-0 numbers are multi_s0_t0.6's: same seed, weights and
+                    # sampling seed). Carried warm start: -- --config.init_from=runs/warm.
+                    (f"multi_s{seed}_t0.6_20", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.sampler.temperature=0.6", "--config.total_steps=20",
+                      f"--config.evaluation.in_training_first={seed != 0}", "--config.evaluator.run_timeout_s=20",
+                      "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
+                    for seed in (0, 1)],
 }
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
