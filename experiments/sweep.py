@@ -120,6 +120,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1)],
 }
+# The evidence runs before the seventh session (2026-12-02) sampled at the default temperature of the time, 0.9
+# (now 0.6, configs/multiturn.py): pinned so that their commands still reproduce them.
+SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o for o in overrides)
+                       else ["--config.sampler.temperature=0.9", *overrides])
+                      for name, config, overrides in SWEEPS["evidence"]]
+# Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
+# it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.
+STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6"}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
@@ -188,7 +196,8 @@ def collect(sweep: str, root: str, last: int) -> list[dict]:
         if key == "kernel/score_mean" and b:
           cell += f" ({100 * (a - b) / b:+.0f}%)"
         cells.append(cell)
-      lines.append(f"| {e['run']} | {e['split']} | {e['tasks']} | 0 -> {e['step']} | " + " | ".join(cells) + " |")
+      step0 = "0" if e["step0_from"] == e["run"] else f"0 ({e['step0_from']})"
+      lines.append(f"| {e['run']} | {e['split']} | {e['tasks']} | {step0} -> {e['step']} | " + " | ".join(cells) + " |")
     with open(os.path.join(out_dir, "before_after.csv"), "w", newline="", encoding="utf-8") as f:
       w = csv.writer(f)
       w.writerow(["run", "split", "tasks", "step", "when"] + [k for k, _ in EVAL_METRICS])
@@ -225,15 +234,20 @@ def before_after(sweep: str, root: str) -> list[dict]:
     if not os.path.isfile(path):
       continue
     recs = read_metrics(path)
-    last = max(recs)
-    if 0 not in recs or last == 0:
+    last, step0_from = max(recs), name
+    if 0 not in recs and name in STEP0_FROM:  # Its starting policy was evaluated by another run (STEP0_FROM).
+      step0_from = STEP0_FROM[name]
+      other = os.path.join(root, sweep, step0_from, "eval_metrics.jsonl")
+      if os.path.isfile(other):
+        recs[0] = read_metrics(other).get(0, {})
+    if not recs.get(0) or last == 0:
       continue
     splits = sorted({k.split("/", 1)[0] for k in recs[0] if k != "step" and "/" in k})
     for split in splits:
       pick = lambda r, split=split: {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith(split + "/")}
       before, after = pick(recs[0]), pick(recs[last])
       out.append({"run": name, "split": split, "step": last, "tasks": before.get("tasks", ""), "before": before,
-                  "after": after})
+                  "after": after, "step0_from": step0_from})
   return out
 
 

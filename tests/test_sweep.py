@@ -89,3 +89,27 @@ def test_overrides_after_double_dash_reach_every_command(tmp_path, capsys):
   assert len(printed) == 2
   assert all(line.endswith("--config.total_steps=3 --config.rollout.turns=2") for line in printed)
   assert "--config.optimizer.learning_rate=5e-5" in printed[1]
+
+
+def test_step0_from_another_run_and_pinned_temperature(tmp_path):
+  """A run that skipped its step-0 evaluation takes it from its STEP0_FROM run; the pre-0.6 evidence runs pin the
+  temperature they were run at."""
+  argv = dict(sweep.commands("evidence", str(tmp_path), []))
+  assert "--config.sampler.temperature=0.9" in argv["multi_s0"]
+  assert "--config.sampler.temperature=0.9" not in argv["multi_s0_t0.6_20"]
+  assert "--config.evaluation.in_training_first=False" in argv["multi_s0_t0.6_20"]
+  assert "--config.evaluation.in_training_first=True" in argv["multi_s1_t0.6_20"]
+  root = tmp_path / "evidence"
+  for name, recs in (("multi_s0_t0.6", [(0, 0.5), (12, 0.55)]), ("multi_s0_t0.6_20", [(20, 0.6)])):
+    os.makedirs(root / name)
+    with open(root / name / "eval_metrics.jsonl", "w") as f:
+      for step, score in recs:
+        f.write(json.dumps({"step": step, "train/tasks": 30, "train/kernel/score_mean": score}) + "\n")
+  evals = {e["run"]: e for e in sweep.before_after("evidence", str(tmp_path))}
+  e = evals["multi_s0_t0.6_20"]
+  assert (e["step0_from"], e["step"], e["before"]["kernel/score_mean"], e["after"]["kernel/score_mean"]) == (
+      "multi_s0_t0.6", 20, 0.5, 0.6)
+  assert evals["multi_s0_t0.6"]["step0_from"] == "multi_s0_t0.6"
+  sweep.collect("evidence", str(tmp_path), last=1)
+  md = open(root / "summary.md").read()
+  assert "| multi_s0_t0.6_20 | train | 30 | 0 (multi_s0_t0.6) -> 20 | 0.500 -> 0.600 (+20%) |" in md
