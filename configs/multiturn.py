@@ -27,6 +27,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   (warm start, 20 steps, before/after evaluations) took ~9 min on one H200 at temperature 0.9 (BENCHMARKS.md).
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
+  c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is
+  #   measured (a resumed run, or evaluation.in_training_first=False); 0 = none. The default's train split: ~120 s.
 
   # --- Policy: the Flax NNX Qwen2 model. ---
   c.policy = ml_collections.ConfigDict()

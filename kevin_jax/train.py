@@ -18,8 +18,9 @@ one) and the closing evaluation (as long as this run's longest evaluation), plus
 evaluation if one is due, still fit; if not, this step becomes the last one, which the loop evaluates and
 checkpoints as it does total_steps, so a run cut by its allotted time never loses the after-RL numbers. Each
 invocation runs at least one step; a resumed run, or one that skips the step-0 evaluation
-(evaluation.in_training_first=False), has no evaluation time to go by until it has evaluated once. A
-rerun in the same workdir continues towards total_steps.
+(evaluation.in_training_first=False), has no evaluation time to go by until it has evaluated once, other than
+`time_budget_eval_s` (an estimate; a longer measured evaluation replaces it). A rerun in the same workdir
+continues towards total_steps.
 """
 
 from __future__ import annotations
@@ -164,11 +165,13 @@ _now = time.monotonic  # The wall clock of the time budget (tests substitute a f
 class TimeBudget:
   """config.time_budget_s: does another step plus the closing evaluation still fit? (module docstring)."""
 
-  def __init__(self, budget_s: float):
+  def __init__(self, budget_s: float, eval_s: float = 0.0):
     if budget_s < 0:
       raise ValueError(f"time_budget_s must be >= 0 (0 = no budget), got {budget_s}")
+    if eval_s < 0:
+      raise ValueError(f"time_budget_eval_s must be >= 0 (0 = unknown), got {eval_s}")
     self.budget_s, self.start = float(budget_s), _now()
-    self.step_s = self.eval_s = 0.0
+    self.step_s, self.eval_s = 0.0, float(eval_s)  # eval_s: the given estimate until a longer one is measured.
 
   @contextlib.contextmanager
   def timing(self, kind: str):
@@ -201,7 +204,7 @@ def _warm_start_dir(config, workdir: str) -> str | None:
 
 def run(config, workdir: str) -> None:
   """mode=train."""
-  budget = TimeBudget(config.time_budget_s)  # From the job's start: the warm start counts too.
+  budget = TimeBudget(config.time_budget_s, config.time_budget_eval_s)  # From the job's start (warm start too).
   runtime.require_gpu_for_evaluator(config)
   specs, sources = runtime.load_tasks(config, "train")
   policy = runtime.build_policy(config)

@@ -273,3 +273,19 @@ def test_time_budget_stops_early_then_evaluates_and_checkpoints(tmp_path, monkey
   assert sorted(os.listdir(wd / "checkpoints")) == ["2", "4", "5"]
   with pytest.raises(ValueError, match="time_budget_s"):
     train.run(config(-1.0), str(tmp_path / "bad"))
+
+  # No step-0 evaluation: only time_budget_eval_s tells the budget how long the closing one will take. After step 2,
+  # 110 s of 310 are left: enough for step 3 alone (100 s), which without the estimate would run and push the
+  # closing evaluation to 350 s; with it, step 2 is the last and the job ends at 250 s.
+  skip = config(310.0)
+  skip.evaluation.in_training_first = False
+  skip.time_budget_eval_s = 50.0
+  clock["t"] = 0.0
+  wd = tmp_path / "skip"
+  train.run(skip, str(wd))
+  assert list(metrics_lib.read_metrics(str(wd / "metrics.jsonl"))) == [1, 2]
+  assert [json.loads(l)["step"] for l in open(wd / "eval_metrics.jsonl")] == [2]
+  assert clock["t"] == 100 + 100 + 50
+  skip.time_budget_eval_s = -1.0
+  with pytest.raises(ValueError, match="time_budget_eval_s"):
+    train.run(skip, str(tmp_path / "bad2"))
