@@ -7,7 +7,10 @@
    (reads all S slots) vs the Pallas kernel (policy/decode_attention.py: reads only visible blocks). Reports
    microseconds per call and the effective bandwidth over the visible K/V bytes.
 2. A generate call (random weights, --new-tokens) traced per decode_attention impl: device time by kernel
-   class and the top kernels (experiments/xla_profile.py), and decode tokens/s of that call.
+   class and the top kernels (experiments/xla_profile.py), and decode tokens/s of that call. A second traced
+   call of the same prompts with one new token (prefill and the first pick only) is subtracted to give device
+   time per decode step by class (`decode_ms_per_step_by_class`); `per_step_ms_by_class` (the whole call over
+   steps + 1, as reported before 2026-12-02) spreads the prefill's GEMMs over the decode steps.
 Writes results.json and the printed tables to --out.
 """
 
@@ -69,6 +72,13 @@ def attention_bench(b: int, p: int, new: int, gen_visible: int, reps: int, cfg) 
   return out
 
 
+def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
+  """Device ms per decode step by key: (the whole call's - a prefill-only call's) / decode steps."""
+  if steps <= 0:
+    raise ValueError(f"decode steps must be > 0, got {steps}")
+  return {k: (full_ms.get(k, 0.0) - prefill_ms.get(k, 0.0)) / steps for k in sorted(set(full_ms) | set(prefill_ms))}
+
+
 def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np) -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
@@ -78,17 +88,26 @@ def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir:
   sampler = Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(p,), kv_cache_dtype="bfloat16"))
   kw = dict(max_new_tokens=new, temperature=0.9, top_p=1.0, top_k=0, eos_ids=[])
   prompts = np.random.RandomState(0).randint(0, min(cfg.vocab_size, 150000), (b, p)).tolist()
+  kw1 = dict(kw, max_new_tokens=1)  # Prefill and the first pick: what the full call spends besides decoding.
+  sampler.generate(model, prompts, seed=0, **kw1)  # compile
   sampler.generate(model, prompts, seed=0, **kw)  # compile
   sampler.generate(model, prompts, seed=1, **kw)
   st = sampler.last_stats
   tok_s = b * st["decode_steps"] / st["decode_s"]
   table = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw).tokens,
                                       os.path.join(out_dir, f"trace_{impl}_b{b}"))
-  steps = st["decode_steps"]
-  print(f"[gen] {impl} B={b}: decode {tok_s:,.0f} tok/s ({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
+  steps = sampler.last_stats["decode_steps"]
+  prefill = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw1).tokens,
+                                        os.path.join(out_dir, f"trace_{impl}_b{b}_prefill"))
+  decode = decode_only(table["by_class_ms"], prefill["by_class_ms"], steps)
+  print(f"[gen] {impl} B={b}: decode {tok_s:,.0f} tok/s ({st['decode_s'] / st['decode_steps'] * 1e3:.3f} ms/step)",
+        flush=True)
   print(xla_profile.format_table(table, 15), flush=True)
-  return {"impl": impl, "batch": b, "decode_tok_s": tok_s, "ms_per_step": st["decode_s"] / steps * 1e3,
+  print(f"prefill-only call: device busy {prefill['busy_ms']:.2f} ms; decode device ms/step by class: " +
+        ", ".join(f"{k} {v:.3f}" for k, v in sorted(decode.items(), key=lambda kv: -kv[1])), flush=True)
+  return {"impl": impl, "batch": b, "decode_tok_s": tok_s, "ms_per_step": st["decode_s"] / st["decode_steps"] * 1e3,
           "per_step_ms_by_class": {k: v / (steps + 1) for k, v in table["by_class_ms"].items()},
+          "decode_ms_per_step_by_class": decode, "prefill_ms_by_class": prefill["by_class_ms"],
           "top_kernels": table["top_kernels"][:25], "top_hlo_ops": table["top_hlo_ops"][:25]}
 
 
@@ -134,9 +153,10 @@ def main():
     if "error" in g:
       print(f"  generate {g['impl']} B={g['batch']}: FAILED {g['error'][:200]}")
     else:
-      cls = ", ".join(f"{k} {v:.3f}" for k, v in sorted(g["per_step_ms_by_class"].items(), key=lambda kv: -kv[1]))
+      cls = ", ".join(f"{k} {v:.3f}" for k, v in sorted(g["decode_ms_per_step_by_class"].items(),
+                                                        key=lambda kv: -kv[1]))
       print(f"  generate {g['impl']} B={g['batch']}: {g['decode_tok_s']:,.0f} tok/s, {g['ms_per_step']:.3f} ms/step; "
-            f"device ms/step by class: {cls}")
+            f"decode device ms/step by class (prefill-only call subtracted): {cls}")
 
 
 if __name__ == "__main__":
