@@ -229,6 +229,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 5  # Save every k RL steps (and always at the last step).
   c.checkpoint.keep = 3  # Keep the last K checkpoints.
+  c.checkpoint.export_hf = True  # After the last RL step, also write workdir/hf (HF safetensors + tokenizer): the
+  #   trained policy for transformers or for --config.init_from / evaluation.checkpoint of another run.
 
   # --- Logging: workdir/metrics.jsonl and TensorBoard events. ---
   c.logging = ml_collections.ConfigDict()
@@ -284,5 +286,6 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.evaluation.in_training_splits = ("test",)  # The 20 held-out tasks ...
       c.evaluation.in_training_every = 10  # ... every 10 steps.
       c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs (STYLE.md practice 7).
+      c.checkpoint.export_hf = False  # QwQ-32B: ~65 GB of safetensors gathered by one host; turn on to keep one.
     else:
       raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper")

@@ -278,7 +278,7 @@ def compact(sweep: str, root: str) -> None:
   """Deletes every run's checkpoints and exported weights (large); metrics, rollouts and configs stay."""
   import shutil  # pylint: disable=g-import-not-at-top
   for name, _, _ in SWEEPS[sweep]:
-    for sub in ("checkpoints", os.path.join("sft", "checkpoints"), os.path.join("sft", "hf")):
+    for sub in ("checkpoints", "hf", os.path.join("sft", "checkpoints"), os.path.join("sft", "hf")):
       d = os.path.join(root, sweep, name, sub)
       if os.path.isdir(d):
         shutil.rmtree(d)

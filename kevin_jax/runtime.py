@@ -6,7 +6,9 @@ Shared by train.py (RL), sft.py (warm start) and evaluate.py, so all three read 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -151,6 +153,24 @@ def initial_params(config, policy: Policy, key: jax.Array, src: str | None = Non
 def start_source(config, src: str | None = None) -> str:
   """`src`, else config.init_from, else config.policy.checkpoint ('' = random init)."""
   return src or config.init_from or config.policy.checkpoint
+
+
+def export_hf(policy: Policy, params, directory: str) -> None:
+  """The policy as a Hugging Face directory (config.json, safetensors, tokenizer files), written atomically."""
+  from kevin_jax.policy.weights import save_pretrained  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl import sft_data  # pylint: disable=g-import-not-at-top
+  tmp = directory + ".tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  tok = policy.tokenizer
+  eot = sft_data.end_of_turn_id(tok)
+  save_pretrained(nnx.merge(policy.learner.graphdef, params), tmp,
+                  config_extra={"eos_token_id": eot, "pad_token_id": tok.pad_id})
+  tok.hf.save_pretrained(tmp)
+  with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"eos_token_id": list(tok.eos_ids), "pad_token_id": tok.pad_id}, f, indent=1)
+  shutil.rmtree(directory, ignore_errors=True)
+  os.replace(tmp, directory)
+  logging.info("exported the policy to %s", directory)
 
 
 def load_hf_params(path: str, policy: Policy):

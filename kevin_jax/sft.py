@@ -26,13 +26,11 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import time
 
 import jax
 import numpy as np
 from absl import logging
-from flax import nnx
 
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import metrics as metrics_lib
@@ -177,23 +175,6 @@ class Evaluator:
             "sample/len_mean": float(np.mean([len(t) for t in gen.tokens]))}
 
 
-def export_hf(policy: runtime.Policy, params, directory: str) -> None:
-  """The policy as a Hugging Face directory (config.json, safetensors, tokenizer files), written atomically."""
-  from kevin_jax.policy.weights import save_pretrained  # pylint: disable=g-import-not-at-top
-  tmp = directory + ".tmp"
-  shutil.rmtree(tmp, ignore_errors=True)
-  tok = policy.tokenizer
-  eot = sft_data.end_of_turn_id(tok)
-  save_pretrained(nnx.merge(policy.learner.graphdef, params), tmp,
-                  config_extra={"eos_token_id": eot, "pad_token_id": tok.pad_id})
-  tok.hf.save_pretrained(tmp)
-  with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
-    json.dump({"eos_token_id": list(tok.eos_ids), "pad_token_id": tok.pad_id}, f, indent=1)
-  shutil.rmtree(directory, ignore_errors=True)
-  os.replace(tmp, directory)
-  logging.info("exported the policy to %s", directory)
-
-
 def warm_start(config, sft_workdir: str) -> str:
   """Runs the warm start into sft_workdir (resumes it; a finished one only re-exports a missing HF directory)
   and returns the HF directory to start RL from (config.init_from). For the RL job's first start.
@@ -248,7 +229,7 @@ def run(config, workdir: str) -> None:
     state = _loop(config, state, start, steps, sft_step, order, data, evaluator, writer, progress, ckpt)
     hf_dir = os.path.join(workdir, "hf")
     if s.export_hf and (start < steps or not runtime.is_hf_checkpoint(hf_dir)):
-      export_hf(policy, state.params, hf_dir)
+      runtime.export_hf(policy, state.params, hf_dir)
   finally:
     writer.close()
     ckpt.close()

@@ -6,8 +6,9 @@ Per step: `rollout.tasks_per_step` tasks from a seeded epoch sampler; m trajecto
 the jitted sampler (the learner's parameters, no copy) and the reward (the sandboxed CUDA evaluator in its own
 process, or a scripted reward for CPU dry runs); per-turn discounted returns and per-task advantages; one learner
 step (`rl.updates_per_batch` optimizer updates). Writes workdir/metrics.jsonl (+ TensorBoard),
-workdir/rollouts/step_NNNNNN.jsonl (every turn: prompt id, response, result), workdir/config.json, and Orbax
-checkpoints in workdir/checkpoints. Before step 1, every `evaluation.in_training_every` steps and after the last,
+workdir/rollouts/step_NNNNNN.jsonl (every turn: prompt id, response, result), workdir/config.json, Orbax
+checkpoints in workdir/checkpoints, and after the last step the trained policy as a Hugging Face directory in
+workdir/hf (checkpoint.export_hf). Before step 1, every `evaluation.in_training_every` steps and after the last,
 it evaluates the current policy on fixed task splits (InTrainingEval: workdir/eval_metrics.jsonl, step 0 = the
 starting policy). Rerunning with the same workdir resumes from the latest checkpoint: step,
 parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
@@ -227,8 +228,11 @@ def run(config, workdir: str) -> None:
     if grpo_cfg.kl_beta > 0:
       ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)
+  hf_dir = os.path.join(workdir, "hf")
   if start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
+    if config.checkpoint.export_hf and not runtime.is_hf_checkpoint(hf_dir):  # A crash during the export.
+      runtime.export_hf(policy, state.params, hf_dir)
     ckpt.close()
     return
   if grpo_cfg.kl_beta > 0 and ref_params is None:  # Resumed: rebuild the starting policy from its source.
@@ -263,6 +267,8 @@ def run(config, workdir: str) -> None:
       if step % config.checkpoint.every_steps == 0 or step == last:
         ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
       if step == last:
+        if config.checkpoint.export_hf:
+          runtime.export_hf(policy, state.params, hf_dir)
         break
   finally:
     writer.close()

@@ -60,6 +60,7 @@ def test_evidence_before_after_table_only_and_compact(tmp_path):
   d = tmp_path / "evidence" / "multi_s0"
   os.makedirs(d / "checkpoints" / "20")
   os.makedirs(d / "sft" / "hf")
+  os.makedirs(d / "hf")
   with open(d / "metrics.jsonl", "w") as f:
     for s in (1, 2):
       f.write(json.dumps({"step": s, "reward/mean": 0.1 * s, "correct/rate": 0.2, "speedup/mean_correct": 1.0}) + "\n")
@@ -78,6 +79,7 @@ def test_evidence_before_after_table_only_and_compact(tmp_path):
   assert len(open(tmp_path / "evidence" / "before_after.csv").readlines()) == 1 + 2 * 2
   assert sweep.main(["evidence", "--root", str(tmp_path), "--compact"]) == 0
   assert not os.path.exists(d / "checkpoints") and not os.path.exists(d / "sft" / "hf")
+  assert not os.path.exists(d / "hf")
   assert os.path.exists(d / "metrics.jsonl")
 
 

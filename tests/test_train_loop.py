@@ -6,6 +6,7 @@ step 2 and rerun in the same workdir reaches the same step-2 metrics as an unint
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -157,6 +158,33 @@ def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
   lines = [json.loads(l) for l in open(tmp_path / "eval_metrics.jsonl")]
   assert [r["step"] for r in lines] == [2, 3]
   assert sorted(os.listdir(tmp_path / "eval_rollouts")) == ["step_000002_train.jsonl", "step_000003_train.jsonl"]
+
+
+def test_exports_the_trained_policy_as_hf_after_the_last_step(tmp_path):
+  """checkpoint.export_hf: workdir/hf holds the last step's parameters exactly; a rerun that finds the run done
+  but the export missing (a crash during it) writes it again; export_hf=False writes none."""
+  c = _config(total_steps=1)
+  train.run(c, str(tmp_path / "run"))
+  hf = tmp_path / "run" / "hf"
+  assert runtime.is_hf_checkpoint(str(hf)) and (hf / "tokenizer.json").is_file()
+  policy = runtime.build_policy(c)
+  exported = runtime.load_hf_params(str(hf), policy)
+  trained = runtime.restore_params(str(tmp_path / "run"), policy)
+  pairs = list(zip(jax.tree.leaves(exported), jax.tree.leaves(trained)))
+  assert len(pairs) > 10
+  for a, b in pairs:
+    assert a.dtype == b.dtype and bool((a == b).all())
+  start = runtime.initial_params(c, policy, jax.random.key(c.seed))  # The random init RL started from.
+  assert any(not bool((a == b).all()) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(trained)))
+
+  shutil.rmtree(hf)
+  train.run(c, str(tmp_path / "run"))  # Nothing left to train: only the missing export is written.
+  assert runtime.is_hf_checkpoint(str(hf))
+  assert list(metrics_lib.read_metrics(str(tmp_path / "run" / "metrics.jsonl"))) == [1]
+
+  c.checkpoint.export_hf = False
+  train.run(c, str(tmp_path / "off"))
+  assert not (tmp_path / "off" / "hf").exists()
 
 
 def test_no_gpu_stops_before_writing(tmp_path):
