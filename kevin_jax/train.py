@@ -231,7 +231,8 @@ def run(config, workdir: str) -> None:
   hf_dir = os.path.join(workdir, "hf")
   if start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
-    if config.checkpoint.export_hf and not runtime.is_hf_checkpoint(hf_dir):  # A crash during the export.
+    # A finished run whose export is missing (a crash during it); never a run that trained nothing (start 0).
+    if start > 0 and config.checkpoint.export_hf and not runtime.is_hf_checkpoint(hf_dir):
       runtime.export_hf(policy, state.params, hf_dir)
     ckpt.close()
     return
