@@ -96,16 +96,15 @@ def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir:
   tok_s = b * st["decode_steps"] / st["decode_s"]
   table = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw).tokens,
                                       os.path.join(out_dir, f"trace_{impl}_b{b}"))
-  steps = sampler.last_stats["decode_steps"]
+  steps = st["decode_steps"]  # Every call runs new - 1 decode steps (no EOS ids).
   prefill = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw1).tokens,
                                         os.path.join(out_dir, f"trace_{impl}_b{b}_prefill"))
   decode = decode_only(table["by_class_ms"], prefill["by_class_ms"], steps)
-  print(f"[gen] {impl} B={b}: decode {tok_s:,.0f} tok/s ({st['decode_s'] / st['decode_steps'] * 1e3:.3f} ms/step)",
-        flush=True)
+  print(f"[gen] {impl} B={b}: decode {tok_s:,.0f} tok/s ({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
   print(xla_profile.format_table(table, 15), flush=True)
   print(f"prefill-only call: device busy {prefill['busy_ms']:.2f} ms; decode device ms/step by class: " +
         ", ".join(f"{k} {v:.3f}" for k, v in sorted(decode.items(), key=lambda kv: -kv[1])), flush=True)
-  return {"impl": impl, "batch": b, "decode_tok_s": tok_s, "ms_per_step": st["decode_s"] / st["decode_steps"] * 1e3,
+  return {"impl": impl, "batch": b, "decode_tok_s": tok_s, "ms_per_step": st["decode_s"] / steps * 1e3,
           "per_step_ms_by_class": {k: v / (steps + 1) for k, v in table["by_class_ms"].items()},
           "decode_ms_per_step_by_class": decode, "prefill_ms_by_class": prefill["by_class_ms"],
           "top_kernels": table["top_kernels"][:25], "top_hlo_ops": table["top_hlo_ops"][:25]}

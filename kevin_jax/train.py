@@ -117,9 +117,11 @@ class InTrainingEval:
     (default: total_steps)."""
     e = self.config.evaluation
     last = self.config.total_steps if last is None else last
+    if not self.splits:
+      return False
     if step == 0:
-      return bool(self.splits) and e.in_training_first
-    return bool(self.splits) and (step == last or (e.in_training_every > 0 and step % e.in_training_every == 0))
+      return e.in_training_first
+    return step == last or (e.in_training_every > 0 and step % e.in_training_every == 0)
 
   def __call__(self, step: int, params, reward) -> dict[str, float]:
     if self._writer is None:
