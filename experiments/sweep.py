@@ -119,15 +119,16 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       f"--config.evaluation.in_training_first={seed != 0}", "--config.evaluator.run_timeout_s=20",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1)]
-                + [  # Next (prepared 2026-12-02, not yet run): the t0.6_20 runs with 2x the learning rate, and with as
-                    # many steps as a 10-minute call allows (~25); both take their step 0 from the runs above
-                    # (STEP0_FROM) and tell the time budget how long the closing evaluation takes (~120 s).
+                + [  # 2026-12-02 (eighth session): the t0.6_20 runs with 2x the learning rate (lr2e-5), and at the
+                    # default rate (max), for as many steps as a 10-minute call allows (-- --config.time_budget_s=530).
+                    # The seventh session's carried warm start was lost with its machine; these start from one rebuilt
+                    # by the same recipe (SFT is not bitwise repeatable on the GPU), so they evaluate it themselves.
                     (f"multi_s{seed}_t0.6_{tag}", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sampler.temperature=0.6", *extra,
-                      "--config.evaluation.in_training_first=False", "--config.time_budget_eval_s=130",
+                      "--config.evaluation.in_training_first=True", "--config.time_budget_eval_s=130",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
                       "--config.evaluation.in_training_splits=('train',)"])
-                    for tag, extra in (("lr2e-5", ["--config.optimizer.learning_rate=2e-5", "--config.total_steps=20"]),
+                    for tag, extra in (("lr2e-5", ["--config.optimizer.learning_rate=2e-5", "--config.total_steps=40"]),
                                        ("max", ["--config.total_steps=40"]))
                     for seed in (0, 1)],
 }
@@ -138,9 +139,7 @@ SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o
                       for name, config, overrides in SWEEPS["evidence"]]
 # Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
 # it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.
-STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6",
-              **{f"multi_s{seed}_t0.6_{tag}": ("multi_s0_t0.6" if seed == 0 else "multi_s1_t0.6_20")
-                 for seed in (0, 1) for tag in ("lr2e-5", "max")}}
+STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6"}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
