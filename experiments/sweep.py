@@ -122,10 +122,13 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                 + [  # 2026-12-02 (eighth session): the t0.6_20 runs with 2x the learning rate (lr2e-5), and at the
                     # default rate (max), for as many steps as a 10-minute call allows (-- --config.time_budget_s=530).
                     # The seventh session's carried warm start was lost with its machine; these start from one rebuilt
-                    # by the same recipe (SFT is not bitwise repeatable on the GPU), so they evaluate it themselves.
+                    # by the same recipe (SFT is not bitwise repeatable on the GPU), so they evaluate it themselves,
+                    # except multi_s0_t0.6_max: it starts from multi_s0_t0.6_lr2e-5's warm start (sft/hf, carried as
+                    # runs/warm: -- --config.init_from=runs/warm), whose step 0 (same seed and weights) it takes.
                     (f"multi_s{seed}_t0.6_{tag}", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sampler.temperature=0.6", *extra,
-                      "--config.evaluation.in_training_first=True", "--config.time_budget_eval_s=130",
+                      f"--config.evaluation.in_training_first={(tag, seed) != ('max', 0)}",
+                      "--config.time_budget_eval_s=130",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
                       "--config.evaluation.in_training_splits=('train',)"])
                     for tag, extra in (("lr2e-5", ["--config.optimizer.learning_rate=2e-5", "--config.total_steps=40"]),
@@ -139,7 +142,7 @@ SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o
                       for name, config, overrides in SWEEPS["evidence"]]
 # Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
 # it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.
-STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6"}
+STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s0_t0.6_lr2e-5"}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
