@@ -79,11 +79,10 @@ def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
   return {k: (full_ms.get(k, 0.0) - prefill_ms.get(k, 0.0)) / steps for k in sorted(set(full_ms) | set(prefill_ms))}
 
 
-def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np,
-                    split_k: int = 1) -> dict:
+def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np) -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
-                   decode_attention=impl, decode_split_k=split_k)
+                   decode_attention=impl)
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
   model = nnx.merge(graphdef, jax.tree.map(jax.device_put, state_np))
   sampler = Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(p,), kv_cache_dtype="bfloat16"))
@@ -95,20 +94,17 @@ def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir:
   sampler.generate(model, prompts, seed=1, **kw)
   st = sampler.last_stats
   tok_s = b * st["decode_steps"] / st["decode_s"]
-  tag = f"{impl}_b{b}" + (f"_k{split_k}" if split_k > 1 else "")
   table = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw).tokens,
-                                      os.path.join(out_dir, f"trace_{tag}"))
+                                      os.path.join(out_dir, f"trace_{impl}_b{b}"))
   steps = st["decode_steps"]  # Every call runs new - 1 decode steps (no EOS ids).
   prefill = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw1).tokens,
-                                        os.path.join(out_dir, f"trace_{tag}_prefill"))
+                                        os.path.join(out_dir, f"trace_{impl}_b{b}_prefill"))
   decode = decode_only(table["by_class_ms"], prefill["by_class_ms"], steps)
-  print(f"[gen] {impl} B={b} split_k={split_k}: decode {tok_s:,.0f} tok/s "
-        f"({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
+  print(f"[gen] {impl} B={b}: decode {tok_s:,.0f} tok/s ({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
   print(xla_profile.format_table(table, 15), flush=True)
   print(f"prefill-only call: device busy {prefill['busy_ms']:.2f} ms; decode device ms/step by class: " +
         ", ".join(f"{k} {v:.3f}" for k, v in sorted(decode.items(), key=lambda kv: -kv[1])), flush=True)
-  return {"impl": impl, "batch": b, "split_k": split_k, "decode_tok_s": tok_s,
-          "ms_per_step": st["decode_s"] / steps * 1e3,
+  return {"impl": impl, "batch": b, "decode_tok_s": tok_s, "ms_per_step": st["decode_s"] / steps * 1e3,
           "per_step_ms_by_class": {k: v / (steps + 1) for k, v in table["by_class_ms"].items()},
           "decode_ms_per_step_by_class": decode, "prefill_ms_by_class": prefill["by_class_ms"],
           "top_kernels": table["top_kernels"][:25], "top_hlo_ops": table["top_hlo_ops"][:25]}
@@ -125,7 +121,6 @@ def main():
   ap.add_argument("--new-tokens", type=int, default=256, help="tokens per row in the traced generate calls")
   ap.add_argument("--impls", default="xla,pallas")
   ap.add_argument("--reps", type=int, default=200)
-  ap.add_argument("--split-k", default="1", help="ModelConfig.decode_split_k values, comma-separated, each traced")
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
   batches = [int(x) for x in a.batches.split(",")]
@@ -140,14 +135,12 @@ def main():
                           abstract)
   for b in batches:
     for impl in a.impls.split(","):
-      for split_k in (int(k) for k in a.split_k.split(",")):
-        try:
-          res["generate"].append(traced_generate(MODELS[a.model], impl, b, a.prompt_len, a.new_tokens, a.out,
-                                                 state_np, split_k))
-        except Exception as e:  # pylint: disable=broad-except
-          print(f"[gen] {impl} B={b} split_k={split_k}: FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
-          res["generate"].append({"impl": impl, "batch": b, "split_k": split_k,
-                                  "error": f"{type(e).__name__}: {str(e)[:800]}"})
+      try:
+        res["generate"].append(traced_generate(MODELS[a.model], impl, b, a.prompt_len, a.new_tokens, a.out,
+                                               state_np))
+      except Exception as e:  # pylint: disable=broad-except
+        print(f"[gen] {impl} B={b}: FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
+        res["generate"].append({"impl": impl, "batch": b, "error": f"{type(e).__name__}: {str(e)[:800]}"})
   with open(os.path.join(a.out, "results.json"), "w") as f:
     json.dump(res, f, indent=1)
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}):")
@@ -157,12 +150,11 @@ def main():
         else f"{k} FAILED" for k, v in r.items() if isinstance(v, dict)))
   for g in res["generate"]:
     if "error" in g:
-      print(f"  generate {g['impl']} B={g['batch']} split_k={g['split_k']}: FAILED {g['error'][:200]}")
+      print(f"  generate {g['impl']} B={g['batch']}: FAILED {g['error'][:200]}")
     else:
       cls = ", ".join(f"{k} {v:.3f}" for k, v in sorted(g["decode_ms_per_step_by_class"].items(),
                                                         key=lambda kv: -kv[1]))
-      print(f"  generate {g['impl']} B={g['batch']} split_k={g['split_k']}: {g['decode_tok_s']:,.0f} tok/s, "
-            f"{g['ms_per_step']:.3f} ms/step; "
+      print(f"  generate {g['impl']} B={g['batch']}: {g['decode_tok_s']:,.0f} tok/s, {g['ms_per_step']:.3f} ms/step; "
             f"decode device ms/step by class (prefill-only call subtracted): {cls}")
 
 

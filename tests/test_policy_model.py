@@ -10,7 +10,7 @@ import torch
 from flax import nnx
 
 from kevin_jax.policy import ModelConfig, Qwen2, get_preset, load_pretrained
-from kevin_jax.policy.model import KVCache, decode_matmul
+from kevin_jax.policy.model import KVCache
 from tests.test_common import make_hf_qwen2
 
 
@@ -56,10 +56,8 @@ def test_right_padding_and_hidden_logits_split(tmp_path):
     assert _rel_err(logits[i, :n], ref) <= 1e-4
 
 
-@pytest.mark.parametrize("split_k", [1, 4])
-def test_prefill_then_decode_equals_full_forward(split_k):
-  """Decode steps (with the split-K projections of ModelConfig.decode_split_k too) equal the full forward."""
-  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", vocab_size=128, decode_split_k=split_k)
+def test_prefill_then_decode_equals_full_forward():
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", vocab_size=128)
   model = Qwen2(cfg, rngs=nnx.Rngs(3))
   rng = np.random.RandomState(3)
   b, t, extra = 2, 7, 4
@@ -79,26 +77,6 @@ def test_prefill_then_decode_equals_full_forward(split_k):
     step, cache = model(jnp.asarray(tokens[:, s:s + 1]), jnp.asarray(positions[:, s:s + 1]), None, cache, slot,
                         jnp.asarray(visible))
     np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, s]), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("spec,x_shape,w_shape,split", [
-    ("btd,dnh->btnh", (3, 1, 64), (64, 4, 8), 4),  # q/k/v: the contraction splits, heads stay.
-    ("btf,fd->btd", (3, 1, 96), (96, 40), 8),  # down / o.
-    ("btf,fd->btd", (3, 1, 96), (96, 40), 7),  # 7 does not divide 96: the plain einsum.
-])
-def test_decode_matmul_split_k(spec, x_shape, w_shape, split):
-  rng = np.random.RandomState(0)
-  x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
-  w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
-  got = decode_matmul(spec, x, w, split)
-  want = np.einsum(spec, np.asarray(x, np.float64), np.asarray(w, np.float64))
-  assert got.shape == want.shape and got.dtype == x.dtype
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-  # The split is real: the dot carries the split axis as a batch dimension behind a barrier (not folded back).
-  jaxpr = str(jax.make_jaxpr(lambda a, b: decode_matmul(spec, a, b, split))(x, w))
-  assert ("optimization_barrier" in jaxpr) == (w_shape[0] % split == 0)
-  xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-  assert decode_matmul(spec, xb, wb, split).dtype == jnp.bfloat16
 
 
 @pytest.mark.parametrize("remat", ["full", "dots"])

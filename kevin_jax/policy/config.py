@@ -49,11 +49,6 @@ class ModelConfig:
     decode_attention: one-token decode attention over the KV cache: 'auto' (the Pallas kernel of
       policy/decode_attention.py on a GPU when its shape rules hold, else 'xla') | 'xla' (masked einsum over
       every cache slot) | 'pallas' | 'interpret' (the Pallas kernel in interpret mode: CPU tests).
-    decode_split_k: in one-token decode steps, split the contraction of the projections into the residual stream
-      and the q/k/v projections (output width <= hidden_size + 2 * kv width: not gate/up, not the LM head) into
-      this many fp32 partial products summed afterwards (1 = off). At batch 64 these GEMMs have too few output
-      tiles to fill a GPU (BENCHMARKS.md "Sampler"); a split gives it split-times more. Same result up to fp32
-      summation order.
   """
 
   vocab_size: int
@@ -73,7 +68,6 @@ class ModelConfig:
   remat: str = "none"
   attention_impl: str = "xla"
   decode_attention: str = "auto"
-  decode_split_k: int = 1
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -94,8 +88,6 @@ class ModelConfig:
     if self.decode_attention not in _DECODE_ATTENTION:
       raise ValueError(f"ModelConfig.decode_attention must be one of {_DECODE_ATTENTION}, "
                        f"got {self.decode_attention!r}")
-    if int(self.decode_split_k) < 1:
-      raise ValueError(f"ModelConfig.decode_split_k must be >= 1 (1 = off), got {self.decode_split_k}")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

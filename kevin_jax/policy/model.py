@@ -178,25 +178,6 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
   return _decode_attend(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, cfg.fp32_upcast)
 
 
-def decode_matmul(spec: str, x: Array, w: Array, split_k: int) -> Array:
-  """einsum(spec, x, w) in x's dtype for a one-token decode step, its contraction (w's first axis) split into
-  `split_k` fp32 partial products summed afterwards (ModelConfig.decode_split_k): at M = batch rows the GEMM
-  then has split_k times more output tiles to spread over the GPU. split_k = 1, or one that does not divide the
-  contracted width, is the plain einsum. `spec` contracts x's last axis with w's first: '...d,d...->...'."""
-  k = w.shape[0]
-  if split_k <= 1 or k % split_k:
-    return jnp.einsum(spec, x, w)
-  lhs, rest = spec.split(",")
-  rhs, out = rest.split("->")
-  xs = x.reshape(*x.shape[:-1], split_k, k // split_k)
-  ws = w.reshape(split_k, k // split_k, *w.shape[1:])
-  # A free letter for the split axis: kept as a batch dimension of the dot (out first), then summed.
-  z = next(c for c in "zyxwvu" if c not in spec)
-  parts = jnp.einsum(f"{lhs[:-1]}{z}{lhs[-1]},{z}{rhs}->{z}{out}", xs, ws, preferred_element_type=jnp.float32)
-  # The barrier keeps XLA from folding the sum back into the dot's contraction (one unsplit GEMM again).
-  return jax.lax.optimization_barrier(parts).sum(0).astype(x.dtype)
-
-
 def _wide_out_matmul(spec: str, a: Array, b: Array, out_dtype) -> Array:
   """einsum(spec, a, b) with out_dtype results (fp32 accumulation); for bf16 inputs and fp32 out, the backward
   pass casts the fp32 cotangent to bf16 first, so both gradient matmuls run on bf16 tensor cores (JAX's
@@ -245,11 +226,9 @@ class Attention(nnx.Module):
     dt = cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
     x = x_BxTxD.astype(dt)
-    split = cfg.decode_split_k if (t == 1 and cache_kv is not None) else 1  # Decode steps only.
-    mm = functools.partial(decode_matmul, split_k=split)
-    q_BxTxNxH = mm("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
-    k_BxTxKxH = mm("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
-    v_BxTxKxH = mm("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]
+    q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
+    k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
+    v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]
     cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
     q_BxTxNxH = apply_rope(q_BxTxNxH, cos, sin, cfg.fp32_upcast)
     k_BxTxKxH = apply_rope(k_BxTxKxH, cos, sin, cfg.fp32_upcast)
@@ -272,10 +251,8 @@ class Attention(nnx.Module):
     else:
       o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
     o_BxTxNxH = o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    if split > 1:
-      o_kernel_FxD = self.o_kernel[...].astype(dt).reshape(cfg.num_heads * cfg.head_dim, -1)
-      return mm("btf,fd->btd", o_BxTxNxH.reshape(b, t, -1), o_kernel_FxD), new_kv
-    return jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt)), new_kv
+    out_BxTxD = jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt))
+    return out_BxTxD, new_kv
 
   def _self_attend(self, q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT):
     cfg = self.cfg
@@ -297,20 +274,18 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.dtype, self.decode_split_k = cfg.compute_jnp_dtype, cfg.decode_split_k
+    self.dtype = cfg.compute_jnp_dtype
     d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_jnp_dtype
     self.gate_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.down_kernel = _param(rngs, (f, d), ("mlp", "embed"), pd, "normal")
 
-  def __call__(self, x_BxTxD: Array, decode: bool = False) -> Array:
-    """decode: a one-token decode step (the down projection then splits by ModelConfig.decode_split_k)."""
+  def __call__(self, x_BxTxD: Array) -> Array:
     dt = self.dtype
     x = x_BxTxD.astype(dt)
     gate_BxTxF = jnp.einsum("btd,df->btf", x, self.gate_kernel[...].astype(dt))
     up_BxTxF = jnp.einsum("btd,df->btf", x, self.up_kernel[...].astype(dt))
-    return decode_matmul("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, self.down_kernel[...].astype(dt),
-                         self.decode_split_k if decode else 1)
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, self.down_kernel[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):
@@ -323,8 +298,7 @@ class DecoderLayer(nnx.Module):
   def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
     a_BxTxD, new_kv = self.attn(self.input_norm(h_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
     h_BxTxD = h_BxTxD + a_BxTxD
-    decode = cache_kv is not None and h_BxTxD.shape[1] == 1
-    h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD), decode=decode)
+    h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD))
     return h_BxTxD, new_kv
 
 
