@@ -10,7 +10,8 @@
 # keep.tar.part00, part01, ... of at most 15 MiB each (at most 6 parts): `cat keep.tar.part* | tar x -C DEST`
 # rebuilds it here, and a later call can carry DEST (e.g. to start RL from it with --config.init_from=DEST).
 #
-# Carried wheels in .whl/ (e.g. ml-collections, which the GPU image lacks) are installed to /tmp/site first.
+# Carried wheels in .whl/ (ml-collections and tensorboardX, which the GPU image lacks: `pip download --no-deps
+# ml-collections tensorboardX -d .whl`) are installed to /tmp/site first.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
