@@ -4,6 +4,7 @@ Only flags and dispatch live here; every job is a library function `run(config, 
 """
 
 import importlib
+import importlib.util
 import os
 
 from absl import app
@@ -34,6 +35,14 @@ def _parse_flags(argv):
     raise SystemExit(f"error: unknown config field in {' '.join(overrides)}: {detail}") from None
 
 
+def check_environment(config) -> None:
+  """Fails at start-up, not minutes into a job (after a warm start, say), on what the config needs but this
+  Python environment lacks."""
+  if config.logging.tensorboard and importlib.util.find_spec("tensorboardX") is None:
+    raise app.UsageError("config.logging.tensorboard=True needs tensorboardX (pip install -r requirements.txt), "
+                         "or run with --config.logging.tensorboard=False (metrics.jsonl only)")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -45,6 +54,7 @@ def main(argv):
       "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
   if config.mode not in _JOBS:
     raise app.UsageError(f"config.mode={config.mode!r}; expected one of {sorted(_JOBS)}")
+  check_environment(config)
   runtime.set_xla_gpu_flags(config.policy.triton_gemm)  # Before JAX's backend starts.
   runtime.place_jax_beside_evaluator(config)
   logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())

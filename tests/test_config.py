@@ -2,6 +2,7 @@
 
 import ast
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -105,3 +106,17 @@ def test_cli_typo_names_the_field(tmp_path):
   assert r.returncode != 0
   assert "gama" in r.stderr and "gamma" in r.stderr
   assert not os.path.exists(tmp_path / "x")  # Nothing half-written.
+
+
+def test_missing_tensorboard_fails_at_start(monkeypatch):
+  """A job that logs to TensorBoard without tensorboardX installed stops before any work, naming the way out."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from kevin_jax import main  # pylint: disable=g-import-not-at-top
+  config = multiturn.get_config()
+  main.check_environment(config)  # Installed here (requirements.txt): passes.
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboardX" else real(name, *a))
+  with pytest.raises(app.UsageError, match="logging.tensorboard=False"):
+    main.check_environment(config)
+  config.logging.tensorboard = False
+  main.check_environment(config)
