@@ -120,9 +120,10 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1)]
                 + [  # 2026-12-02 (eighth session): the t0.6_20 runs with 2x the learning rate (lr2e-5), and at the
-                    # default rate (max), for as many steps as a 10-minute call allows (-- --config.time_budget_s=530).
-                    # The seventh session's carried warm start was lost with its machine; these start from one rebuilt
-                    # by the same recipe (SFT is not bitwise repeatable on the GPU), so they evaluate it themselves,
+                    # default rate (max), for as many steps as a 10-minute call allows (-- --config.time_budget_s=555
+                    # training its own warm start, 565 from a carried one). The seventh session's carried warm start
+                    # was lost with its machine; these start from one rebuilt by the same recipe (not known to be
+                    # bitwise the same: GPU training need not be deterministic), so they evaluate it themselves,
                     # except multi_s0_t0.6_max: it starts from multi_s0_t0.6_lr2e-5's warm start (sft/hf, carried as
                     # runs/warm: -- --config.init_from=runs/warm), whose step 0 (same seed and weights) it takes.
                     (f"multi_s{seed}_t0.6_{tag}", "configs/multiturn.py",
