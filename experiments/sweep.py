@@ -139,11 +139,13 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     # 30-step policy (its hf/ export, carried as runs/max_s0_hf: -- --config.init_from=runs/max_s0_hf)
                     # trained for as many more steps as one call allows, with a fresh optimizer; its step 0 is the
                     # warm start's (multi_s0_t0.6_lr2e-5: the same seed, so the same evaluation sampling seed).
-                    ("multi_s0_t0.6_max60", "configs/multiturn.py",
+                    # multi_s0_t0.6_max90 continues max60's 57-step policy (runs/max60_s0_hf) the same way.
+                    (f"multi_s0_t0.6_{tag}", "configs/multiturn.py",
                      ["--config.seed=0", "--config.sampler.temperature=0.6", "--config.total_steps=40",
                       "--config.evaluation.in_training_first=False", "--config.time_budget_eval_s=130",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
-                      "--config.evaluation.in_training_splits=('train',)"])],
+                      "--config.evaluation.in_training_splits=('train',)"])
+                    for tag in ("max60", "max90")],
 }
 # The evidence runs before the seventh session (2026-12-02) sampled at the default temperature of the time, 0.9
 # (now 0.6, configs/multiturn.py): pinned so that their commands still reproduce them.
@@ -153,7 +155,7 @@ SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o
 # Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
 # it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.
 STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s0_t0.6_lr2e-5",
-              "multi_s0_t0.6_max60": "multi_s0_t0.6_lr2e-5"}
+              "multi_s0_t0.6_max60": "multi_s0_t0.6_lr2e-5", "multi_s0_t0.6_max90": "multi_s0_t0.6_lr2e-5"}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
