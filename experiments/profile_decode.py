@@ -79,13 +79,15 @@ def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
   return {k: (full_ms.get(k, 0.0) - prefill_ms.get(k, 0.0)) / steps for k in sorted(set(full_ms) | set(prefill_ms))}
 
 
-def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np) -> dict:
+def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np,
+                    reduce_chunks: int = 32) -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
                    decode_attention=impl)
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
   model = nnx.merge(graphdef, jax.tree.map(jax.device_put, state_np))
-  sampler = Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(p,), kv_cache_dtype="bfloat16"))
+  sampler = Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(p,), kv_cache_dtype="bfloat16",
+                                             reduce_chunks=reduce_chunks))
   kw = dict(max_new_tokens=new, temperature=0.9, top_p=1.0, top_k=0, eos_ids=[])
   prompts = np.random.RandomState(0).randint(0, min(cfg.vocab_size, 150000), (b, p)).tolist()
   kw1 = dict(kw, max_new_tokens=1)  # Prefill and the first pick: what the full call spends besides decoding.
@@ -95,16 +97,18 @@ def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir:
   st = sampler.last_stats
   tok_s = b * st["decode_steps"] / st["decode_s"]
   table = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw).tokens,
-                                      os.path.join(out_dir, f"trace_{impl}_b{b}"))
+                                      os.path.join(out_dir, f"trace_{impl}_b{b}_r{reduce_chunks}"))
   steps = st["decode_steps"]  # Every call runs new - 1 decode steps (no EOS ids).
   prefill = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw1).tokens,
-                                        os.path.join(out_dir, f"trace_{impl}_b{b}_prefill"))
+                                        os.path.join(out_dir, f"trace_{impl}_b{b}_r{reduce_chunks}_prefill"))
   decode = decode_only(table["by_class_ms"], prefill["by_class_ms"], steps)
-  print(f"[gen] {impl} B={b}: decode {tok_s:,.0f} tok/s ({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
+  print(f"[gen] {impl} B={b} reduce_chunks={reduce_chunks}: decode {tok_s:,.0f} tok/s "
+        f"({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
   print(xla_profile.format_table(table, 15), flush=True)
   print(f"prefill-only call: device busy {prefill['busy_ms']:.2f} ms; decode device ms/step by class: " +
         ", ".join(f"{k} {v:.3f}" for k, v in sorted(decode.items(), key=lambda kv: -kv[1])), flush=True)
-  return {"impl": impl, "batch": b, "decode_tok_s": tok_s, "ms_per_step": st["decode_s"] / steps * 1e3,
+  return {"impl": impl, "batch": b, "reduce_chunks": reduce_chunks, "decode_tok_s": tok_s,
+          "ms_per_step": st["decode_s"] / steps * 1e3,
           "per_step_ms_by_class": {k: v / (steps + 1) for k, v in table["by_class_ms"].items()},
           "decode_ms_per_step_by_class": decode, "prefill_ms_by_class": prefill["by_class_ms"],
           "top_kernels": table["top_kernels"][:25], "top_hlo_ops": table["top_hlo_ops"][:25]}
@@ -121,13 +125,16 @@ def main():
   ap.add_argument("--new-tokens", type=int, default=256, help="tokens per row in the traced generate calls")
   ap.add_argument("--impls", default="xla,pallas")
   ap.add_argument("--reps", type=int, default=200)
+  ap.add_argument("--reduce-chunks", default="32", help="SamplerConfig.reduce_chunks values to trace, in turn "
+                  "(e.g. 32,1: the sampling step's two-stage row reductions vs XLA's one-stage ones)")
+  ap.add_argument("--no-attention", action="store_true", help="skip the decode-attention microbenchmark")
   a = ap.parse_args()
   os.makedirs(a.out, exist_ok=True)
   batches = [int(x) for x in a.batches.split(",")]
   cfg = get_preset(MODELS[a.model])
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": a.model, "attention": [],
          "generate": []}
-  for b in batches:
+  for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
   _, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
@@ -135,12 +142,14 @@ def main():
                           abstract)
   for b in batches:
     for impl in a.impls.split(","):
-      try:
-        res["generate"].append(traced_generate(MODELS[a.model], impl, b, a.prompt_len, a.new_tokens, a.out,
-                                               state_np))
-      except Exception as e:  # pylint: disable=broad-except
-        print(f"[gen] {impl} B={b}: FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
-        res["generate"].append({"impl": impl, "batch": b, "error": f"{type(e).__name__}: {str(e)[:800]}"})
+      for chunks in (int(x) for x in a.reduce_chunks.split(",")):
+        try:
+          res["generate"].append(traced_generate(MODELS[a.model], impl, b, a.prompt_len, a.new_tokens, a.out,
+                                                 state_np, chunks))
+        except Exception as e:  # pylint: disable=broad-except
+          print(f"[gen] {impl} B={b} reduce_chunks={chunks}: FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
+          res["generate"].append({"impl": impl, "batch": b, "reduce_chunks": chunks,
+                                  "error": f"{type(e).__name__}: {str(e)[:800]}"})
   with open(os.path.join(a.out, "results.json"), "w") as f:
     json.dump(res, f, indent=1)
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}):")
@@ -150,11 +159,13 @@ def main():
         else f"{k} FAILED" for k, v in r.items() if isinstance(v, dict)))
   for g in res["generate"]:
     if "error" in g:
-      print(f"  generate {g['impl']} B={g['batch']}: FAILED {g['error'][:200]}")
+      print(f"  generate {g['impl']} B={g['batch']} reduce_chunks={g['reduce_chunks']}: FAILED {g['error'][:200]}")
     else:
       cls = ", ".join(f"{k} {v:.3f}" for k, v in sorted(g["decode_ms_per_step_by_class"].items(),
                                                         key=lambda kv: -kv[1]))
-      print(f"  generate {g['impl']} B={g['batch']}: {g['decode_tok_s']:,.0f} tok/s, {g['ms_per_step']:.3f} ms/step; "
+      print(f"  generate {g['impl']} B={g['batch']} reduce_chunks={g['reduce_chunks']}: "
+            f"{g['decode_tok_s']:,.0f} tok/s, "
+            f"{g['ms_per_step']:.3f} ms/step; "
             f"decode device ms/step by class (prefill-only call subtracted): {cls}")
 
 

@@ -1,6 +1,8 @@
 """KV-cache sampler: greedy parity with transformers' generate, log-probs vs a fresh forward, no recompilation,
 sampling controls, stopping, determinism, sharded parameters on 8 fake CPU devices."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +67,79 @@ def test_argmax_rows_equals_argmax(v):
   got = np.asarray(jax.jit(sampler_lib.argmax_rows)(x))
   np.testing.assert_array_equal(got, want)
   assert got.dtype == np.int32 and want[3] == 0 and want[4] == v - 1 and want[5] == v // 3
+
+
+@pytest.mark.parametrize("v", [151936, 8192, 1000, 700, 300])
+def test_logsumexp_rows_equals_logsumexp(v):
+  """Two-stage logsumexp == jax.scipy's: random rows, a row dominated by one value in the padded last chunk, rows
+  with masked (-1e30) and -inf entries (a whole chunk of -inf included), an all -inf row, large magnitudes."""
+  rng = np.random.RandomState(v)
+  tail = rng.randn(v)
+  tail[-1] = 80.0
+  masked = rng.randn(v) * 5
+  masked[: v // 2] = sampler_lib._NEG  # pylint: disable=protected-access
+  holes = rng.randn(v)
+  holes[: min(v, 5000)] = -np.inf
+  holes[v // 2] = -np.inf
+  rows = [rng.randn(v), tail, masked, holes, np.full(v, -np.inf), rng.randn(v) * 1e3 + 3e4]
+  x = jnp.asarray(np.stack(rows), jnp.float32)
+  want = np.asarray(jax.scipy.special.logsumexp(x, axis=-1))
+  got = np.asarray(jax.jit(sampler_lib.logsumexp_rows)(x))
+  assert np.isneginf(want[4]) and np.isneginf(got[4])
+  np.testing.assert_allclose(got[:4], want[:4], rtol=2e-6, atol=2e-6)
+  np.testing.assert_allclose(got[5], want[5], rtol=1e-6)
+  assert abs(want[1] - 80.0) < 1e-3
+
+
+def test_reduce_chunks_keep_greedy_and_logprobs(tmp_path, prompts):
+  """SamplerConfig.reduce_chunks (two-stage argmax / logsumexp / Gumbel draw) vs 1 (one-stage): the same greedy
+  tokens and log-probs; sampled tokens' log-probs (raw and at T) equal a fresh forward pass's. A vocabulary of
+  2,100: 8 chunks, the last padded."""
+  make_hf_qwen2(tmp_path, vocab_size=2100, hidden_size=32, num_layers=1)
+  model = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32")
+  greedy = {}
+  for chunks in (1, 8):
+    sampler = Sampler(model.cfg, None, dataclasses.replace(F32, reduce_chunks=chunks))
+    greedy[chunks] = sampler.generate(model, prompts, seed=3, temperature=0.0, max_new_tokens=24)
+    hot = sampler.generate(model, prompts, seed=3, temperature=0.7, max_new_tokens=24)
+    for i, prompt in enumerate(prompts):
+      ref_raw, _ = _fresh_logps(model, prompt, hot.tokens[i])
+      ref_hot, _ = _fresh_logps(model, prompt, hot.tokens[i], temperature=0.7)
+      np.testing.assert_allclose(hot.logprobs[i], ref_raw, rtol=1e-4, atol=1e-4)
+      np.testing.assert_allclose(hot.sampling_logprobs[i], ref_hot, rtol=1e-4, atol=1e-4)
+  assert greedy[1].tokens == greedy[8].tokens
+  for a, b in zip(greedy[1].logprobs, greedy[8].logprobs):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="reduce_chunks"):
+    dataclasses.replace(F32, reduce_chunks=0)
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 32])
+def test_gumbel_sample_rows_draws_from_softmax(chunks):
+  """The two-stage draw (chunk by mass, then token within it) samples softmax(x) exactly: 40,000 draws from one
+  row of 800 logits (3 chunks of 267, the last padded; 32 -> 3 as V // 256 = 3; 1 = the one-stage draw), with
+  masked (_NEG) entries never drawn; every token's count within 5 standard deviations of N p; Pearson's
+  chi-square within 6 standard deviations of its degrees of freedom."""
+  v, n = 800, 40_000
+  rng = np.random.RandomState(chunks)
+  x = rng.randn(v) * 2.0
+  x[::7] = sampler_lib._NEG  # pylint: disable=protected-access
+  keys = jax.random.split(jax.random.PRNGKey(chunks), n)
+  draw = jax.jit(lambda k: sampler_lib.gumbel_sample_rows(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (n, v)), k,
+                                                          chunks))
+  tokens = np.asarray(draw(keys))
+  assert tokens.dtype == np.int32 and tokens.min() >= 0 and tokens.max() < v
+  counts = np.bincount(tokens, minlength=v)
+  p = np.exp(x - x.max())
+  p /= p.sum()
+  assert counts[::7].sum() == 0
+  sd = np.sqrt(n * p * (1 - p))
+  assert np.all(np.abs(counts - n * p) <= 5 * sd + 1), np.max(np.abs(counts - n * p) / (sd + 1e-9))
+  big = n * p >= 5  # Pearson's chi-square over the tokens expected >= 5 times plus one bin of the rest
+  observed = np.append(counts[big], counts[~big].sum())
+  expected = np.append(n * p[big], n * p[~big].sum())
+  chi2, df = float(np.sum((observed - expected) ** 2 / expected)), len(observed) - 1
+  assert chi2 < df + 6 * np.sqrt(2 * df), (chi2, df)  # ~6 standard deviations of a chi-square(df)
 
 
 def test_greedy_equals_transformers_generate(hf_ckpt, prompts):

@@ -77,6 +77,8 @@ class SamplerConfig:
     prompt_buckets: padded prompt lengths, tokens (each compiled once per batch / max_new_tokens).
     kv_cache_dtype: 'bfloat16' | 'float32' | 'float16'.
     max_new_tokens, temperature, top_p, top_k: defaults for `generate` (top_p 1.0 / top_k 0 = off).
+    reduce_chunks: column chunks of the sampling step's work over the vocabulary (argmax_rows, logsumexp_rows,
+      gumbel_sample_rows); 1 = one-stage row reductions (one thread block per row) and V Gumbel draws per row.
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
@@ -85,8 +87,11 @@ class SamplerConfig:
   temperature: float = 0.9
   top_p: float = 1.0
   top_k: int = 0
+  reduce_chunks: int = 32
 
   def __post_init__(self):
+    if self.reduce_chunks < 1:
+      raise ValueError(f"reduce_chunks must be >= 1, got {self.reduce_chunks}")
     if self.batch_size <= 0:
       raise ValueError(f"batch_size must be positive, got {self.batch_size}")
     if not self.prompt_buckets or any(b <= 0 for b in self.prompt_buckets):
@@ -128,21 +133,76 @@ def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
   return (c_B * width + jnp.take_along_axis(i_BxC, c_B[:, None], axis=-1)[:, 0]).astype(jnp.int32)
 
 
+def logsumexp_rows(x_BxV: Array, chunks: int = 32) -> Array:
+  """jax.scipy.special.logsumexp(x_BxV, axis=-1) in two stages: each of `chunks` column chunks' maximum m_c and
+  sum s_c of exp(x - m_c), then M = max_c m_c and M + log(sum_c s_c exp(m_c - M)). Equal to jax's for rows of
+  finite values and -inf (all -inf -> -inf); a row with +inf or NaN gives NaN (jax: +inf for +inf), which
+  logits never hold. Two stages for the reason argmax_rows gives: one block per row leaves SMs idle."""
+  x_BxCxW = _chunked(x_BxV, chunks)
+  if x_BxCxW is None:
+    return jax.scipy.special.logsumexp(x_BxV, axis=-1)
+  m_BxC, s_BxC = _chunk_stats(x_BxCxW)
+  m_B = jnp.max(m_BxC, axis=-1)
+  m_B = jnp.where(jnp.isneginf(m_B), 0.0, m_B)  # an all -inf row: log(0) = -inf below
+  return m_B + jnp.log(jnp.sum(s_BxC * jnp.exp(m_BxC - m_B[:, None]), axis=-1))
+
+
+def _chunked(x_BxV: Array, chunks: int) -> Array | None:
+  """[B, C, W] view of x padded with -inf to C * W columns, C = min(chunks, V // 256); None if C < 2."""
+  b, v = x_BxV.shape
+  chunks = min(chunks, v // 256)
+  if chunks < 2:
+    return None
+  width = -(-v // chunks)
+  return jnp.pad(x_BxV, ((0, 0), (0, chunks * width - v)), constant_values=-jnp.inf).reshape(b, chunks, width)
+
+
+def _chunk_stats(x_BxCxW: Array) -> tuple[Array, Array]:
+  """Per chunk: its maximum m and sum(exp(x - m)) (-inf and 0 for an all -inf chunk)."""
+  m_BxC = jnp.max(x_BxCxW, axis=-1)
+  safe_BxC = jnp.where(jnp.isneginf(m_BxC), 0.0, m_BxC)  # exp(-inf - 0) = 0, where exp(-inf - -inf) is NaN
+  return m_BxC, jnp.sum(jnp.exp(x_BxCxW - safe_BxC[..., None]), axis=-1)
+
+
+def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32) -> Array:
+  """One draw per row from softmax(x_BxV) (int32), by Gumbel-argmax in two stages: a column chunk c with
+  probability S_c / S (Gumbel-argmax over the chunks' log-masses log S_c), then a token j of it with probability
+  exp(x_j) / S_c (Gumbel-argmax within the chunk), so P(j) = exp(x_j) / S exactly. That takes C + W Gumbel
+  draws per row instead of V: generating [64, 151936] threefry Gumbels was the decode step's largest non-GEMM
+  kernel (62 us per step, 2026-12-02 profile). chunks < 2 (or V < 512): the one-stage draw. Rows must have a
+  finite maximum (logits do; masked entries are finite _NEG)."""
+  x_BxCxW = _chunked(x_BxV, chunks)
+  if x_BxCxW is None:
+    v = x_BxV.shape[-1]
+    return argmax_rows(x_BxV + jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B), chunks)
+  _, c, w = x_BxCxW.shape
+  m_BxC, s_BxC = _chunk_stats(x_BxCxW)
+  log_mass_BxC = jnp.where(s_BxC > 0, m_BxC + jnp.log(s_BxC), -jnp.inf)
+  keys_Bx2 = jax.vmap(jax.random.split)(keys_B)
+  chunk_B = jnp.argmax(log_mass_BxC + jax.vmap(lambda k: jax.random.gumbel(k, (c,), jnp.float32))(keys_Bx2[:, 0]),
+                       axis=-1)
+  x_BxW = jnp.take_along_axis(x_BxCxW, chunk_B[:, None, None], axis=1)[:, 0]
+  j_B = jnp.argmax(x_BxW + jax.vmap(lambda k: jax.random.gumbel(k, (w,), jnp.float32))(keys_Bx2[:, 1]), axis=-1)
+  return (chunk_B * w + j_B).astype(jnp.int32)
+
+
 def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: Array, *, top_k: int,
-                  greedy: bool, use_top_p: bool, valid_vocab: int) -> tuple[Array, Array, Array]:
-  """Draws one token per row. Returns (token_B int32, raw logprob_B, sampling logprob_B), all from fp32 logits."""
+                  greedy: bool, use_top_p: bool, valid_vocab: int,
+                  reduce_chunks: int = 32) -> tuple[Array, Array, Array]:
+  """Draws one token per row. Returns (token_B int32, raw logprob_B, sampling logprob_B), all from fp32 logits.
+  `reduce_chunks`: SamplerConfig.reduce_chunks."""
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
 
   def logp_of(x_BxV, token_B):  # log_softmax(x)[token] without materialising a [B, V] log-softmax
     return (jnp.take_along_axis(x_BxV, token_B[:, None], axis=-1)[:, 0]
-            - jax.scipy.special.logsumexp(x_BxV, axis=-1))
+            - logsumexp_rows(x_BxV, reduce_chunks))
 
   masked_BxV = logits_BxV
   if valid_vocab < v:
     masked_BxV = jnp.where(jnp.arange(v)[None, :] < valid_vocab, logits_BxV, _NEG)
   if greedy:
-    token_B = argmax_rows(masked_BxV)
+    token_B = argmax_rows(masked_BxV, reduce_chunks)
     samp_logp_B = jnp.zeros(token_B.shape, jnp.float32)
   else:
     scaled_BxV = masked_BxV / temperature
@@ -156,8 +216,7 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
       keep_BxV = mass_before_BxV < top_p
       threshold_Bx1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
       scaled_BxV = jnp.where(scaled_BxV >= threshold_Bx1, scaled_BxV, _NEG)
-    gumbel_BxV = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B)
-    token_B = argmax_rows(scaled_BxV + gumbel_BxV)
+    token_B = gumbel_sample_rows(scaled_BxV, keys_B, reduce_chunks)
     samp_logp_B = logp_of(scaled_BxV, token_B)
   return token_B, logp_of(logits_BxV, token_B), samp_logp_B
 
@@ -166,8 +225,8 @@ def _fold_keys(keys_Bx2: Array, step: Array) -> Array:
   return jax.vmap(lambda k: jax.random.fold_in(k, step))(keys_Bx2)
 
 
-_STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "valid_vocab", "cache_dtype",
-           "batch_sharding")
+_STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "valid_vocab", "reduce_chunks",
+           "cache_dtype", "batch_sharding")
 
 
 def _finish(tok_B, window_BxL, count_B, done_B, reason_B, eos_Q, stop_seqs_ExL):
@@ -186,9 +245,9 @@ def _finish(tok_B, window_BxL, count_B, done_B, reason_B, eos_Q, stop_seqs_ExL):
   return window_BxL, done_B | is_eos_B | is_stop_B, reason_B
 
 
-def _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab):
+def _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks):
   return functools.partial(sample_logits, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                           use_top_p=use_top_p, valid_vocab=valid_vocab)
+                           use_top_p=use_top_p, valid_vocab=valid_vocab, reduce_chunks=reduce_chunks)
 
 
 def _constrain(x, batch_sharding):
@@ -205,14 +264,15 @@ def _gen_slots(max_new_tokens: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temperature, top_p, eos_Q,
-             stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype, batch_sharding):
+             stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype,
+             batch_sharding):
   """Fills slots [0, P) of a [B, K, P + _gen_slots(max_new_tokens), H] cache and samples token 0; returns the
   loop carry."""
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
   b, p = prompts_BxP.shape
   n = max_new_tokens
-  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab)
+  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
   cache = KVCache.zeros(model.cfg, b, p + _gen_slots(n), jnp.dtype(cache_dtype))
   cache = jax.tree.map(lambda x: _constrain(x, batch_sharding), cache)
   positions_BxP = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
@@ -231,7 +291,7 @@ def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temper
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("carry",))
 def _decode(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos_Q, stop_seqs_ExL, *,
-            max_new_tokens, top_k, greedy, use_top_p, valid_vocab, cache_dtype, batch_sharding):
+            max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype, batch_sharding):
   """The decode loop (lax.while_loop on device) until every row is done or max_new_tokens tokens exist.
 
   `carry` (cache and output buffers) is donated: the cache is updated in place, never copied.
@@ -239,7 +299,7 @@ def _decode(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos
   del cache_dtype, batch_sharding
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
-  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab)
+  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
 
   def cond(c):
     return (c["i"] < max_new_tokens) & ~jnp.all(c["done"])
@@ -352,7 +412,7 @@ class Sampler:
     valid_vocab = min(self.model_cfg.vocab_size, self.tokenizer.vocab_size) if self.tokenizer is not None else (
         self.model_cfg.vocab_size)
     statics = dict(max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0, use_top_p=top_p < 1.0,
-                   valid_vocab=valid_vocab, cache_dtype=c.kv_cache_dtype,
+                   valid_vocab=valid_vocab, reduce_chunks=c.reduce_chunks, cache_dtype=c.kv_cache_dtype,
                    batch_sharding=None if self.mesh is None else (self.mesh, self.batch_axes))
     t0 = time.perf_counter()
     temp, tp, eos_q = jnp.float32(1.0), jnp.float32(top_p), np.asarray([-1], np.int32)
@@ -427,7 +487,8 @@ class Sampler:
         sh = lambda x: NamedSharding(self.mesh, P(self.batch_axes, *([None] * (x.ndim - 1))))
         args = [jax.device_put(a, sh(a)) for a in args]
       statics = dict(max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0, use_top_p=top_p < 1.0,
-                     valid_vocab=valid_vocab, cache_dtype=c.kv_cache_dtype, batch_sharding=batch_sharding)
+                     valid_vocab=valid_vocab, reduce_chunks=c.reduce_chunks, cache_dtype=c.kv_cache_dtype,
+                     batch_sharding=batch_sharding)
       temp, tp = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
       toks, lengths, active, keys = args
       t0 = time.perf_counter()
