@@ -190,6 +190,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.corpus_kinds = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # Example kinds of the bundled
   #   corpus (export_corpus.KINDS); the opt-in later-turn kinds retry_format, keep_fast, fast_then_format and
   #   format_twice cover prompts rollouts produce after a format error or the fast solution (export_corpus.py).
+  c.sft.corpus_reasoning = "quote"  # Later-turn reasoning of the bundled corpus: quote (the previous feedback's
+  #   text and timings) | plain (only the kind of outcome, the task and the plan; export_corpus.py docstring).
   c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).
   c.sft.steps = 0  # Optimizer steps; 0 = ceil(epochs * training examples / batch_size).
   c.sft.batch_size = 16  # Sequences per optimizer step, global (a multiple of micro_batch_size x data-parallel);

@@ -145,7 +145,19 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluation.in_training_first=False", "--config.time_budget_eval_s=130",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
                       "--config.evaluation.in_training_splits=('train',)"])
-                    for tag in ("max60", "max90")],
+                    for tag in ("max60", "max90")]
+                + [  # Next (prepared 2026-12-02, ninth session, not yet run): warm starts whose later-turn reasoning
+                    # copies nothing from the prompt (sft.corpus_reasoning=plain), with the default corpus kinds and
+                    # with every kind, then the default RL at T = 0.6 for as many steps as one call allows
+                    # (-- --config.time_budget_s=555; KEEP=sw/evidence/<run>/sft/hf returns the warm start).
+                    (f"multi_s{seed}_plain{tag}_t0.6", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.sft.corpus_reasoning=plain", *extra,
+                      "--config.sampler.temperature=0.6", "--config.total_steps=40",
+                      "--config.time_budget_eval_s=130", "--config.evaluator.run_timeout_s=20",
+                      "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
+                    for tag, extra in (("", []),
+                                       ("_kinds", ["--config.sft.corpus_kinds=" + repr(export_corpus.ALL_KINDS)]))
+                    for seed in (0, 1)],
 }
 # The evidence runs before the seventh session (2026-12-02) sampled at the default temperature of the time, 0.9
 # (now 0.6, configs/multiturn.py): pinned so that their commands still reproduce them.

@@ -68,9 +68,10 @@ def load_data(config, tokenizer) -> Data:
     else:
       specs, _ = runtime.load_tasks(config, "all")
       try:
-        records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds))
-      except ValueError as e:  # Unknown kinds.
-        raise SystemExit(f"error: sft.corpus_kinds: {e}") from e
+        records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds),
+                                          reasoning=s.corpus_reasoning)
+      except ValueError as e:  # Unknown kinds or reasoning style.
+        raise SystemExit(f"error: sft.corpus_kinds / sft.corpus_reasoning: {e}") from e
       source = "the bundled suite (kevin_jax/data/export_corpus.py)"
       if not records:
         raise sft_data.CorpusError(f"task source {config.tasks.source!r} has no bundled solutions to build a "

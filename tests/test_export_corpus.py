@@ -104,6 +104,8 @@ def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_fi
     assert counts[kind] == 3  # The three tasks with results.
     parsed = prompts.parse_response(relu[kind]["response"])
     assert parsed.error == "" and relu[kind]["target"] == "optimized" and prompts.opens_as_expected(parsed.reasoning)
+    # The whole reasoning comes back (a quoted "</think>" would end it early and leave prose before the code).
+    assert parsed.candidate_text.startswith("```") and "think tag" not in parsed.candidate_text
   # What rl/rollout.py appends to a trajectory's history after a derailed response (its own code path).
   derailed = prompts.parse_response("<think>\nOkay, the previous kernel wasnoneeak of its sum-of-memory task")
   seen = prompts.Attempt(derailed.candidate_text, derailed.summary,
@@ -117,7 +119,7 @@ def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_fi
   assert relu["keep_fast"]["messages"] == prompts.build_messages(task.spec.source, [fast])
   assert relu["fast_then_format"]["messages"] == prompts.build_messages(task.spec.source, [fast, seen])
   assert "1.10x" in relu["keep_fast"]["response"]  # Its recorded speedup.
-  assert "ended inside the reasoning" in relu["retry_format"]["response"]
+  assert "ended inside the reasoning (no closing think tag)" in relu["retry_format"]["response"]
   # The default corpus has none of them; unknown kinds are errors naming the known ones.
   assert {r["kind"] for r in export_corpus.examples_for_task(task, data["results"]["level1/01_ReLU"])[0]} == set(
       export_corpus.KINDS)
@@ -125,6 +127,40 @@ def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_fi
     export_corpus.examples_for_task(task, {}, kinds=("single", "retry"))
   assert export_corpus.main(["--out", out, "--results", path, "--levels", "1", "--kinds", "single,keep_fast"]) == 0
   assert {r["kind"] for r in _records(out)} == {"single", "keep_fast"}
+
+
+def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
+  """reasoning='plain': the same prompts and targets as the default style, but later-turn reasoning built from the
+  task and the previous outcome's kind only: no feedback line, timing or variant bug in it, so every fix of one
+  task reads the same whichever wrong kernel preceded it."""
+  path, data = results_file
+  quote, plain = str(tmp_path / "quote.jsonl"), str(tmp_path / "plain.jsonl")
+  assert export_corpus.export(quote, path, levels=[1], kinds=export_corpus.ALL_KINDS) == export_corpus.export(
+      plain, path, levels=[1], kinds=export_corpus.ALL_KINDS, reasoning="plain")
+  q, p = _records(quote), _records(plain)
+  assert [(r["task_id"], r["kind"], r["attempts"], r["messages"], r["target"]) for r in q] == [
+      (r["task_id"], r["kind"], r["attempts"], r["messages"], r["target"]) for r in p]
+  relu = [r for r in p if r["task_id"] == "level1/01_ReLU"]
+  fixes = {r["response"] for r in relu if r["kind"] == "fix_wrong"}
+  assert len(fixes) == 1 and len([r for r in relu if r["kind"] == "fix_wrong"]) == 3
+  feedback_lines = {v["feedback"].splitlines()[0] for t in data["results"].values() for v in t.values()}
+  for a, b in zip(q, p):
+    parsed = prompts.parse_response(b["response"])
+    assert parsed.error == "" and prompts.opens_as_expected(parsed.reasoning)
+    assert parsed.candidate_text == prompts.parse_response(a["response"]).candidate_text
+    if b["kind"] == "single":
+      assert a["response"] == b["response"]
+      continue
+    assert not any(line in b["response"] for line in feedback_lines)
+    assert "x against" not in parsed.reasoning and " ms " not in parsed.reasoning and "bug" not in parsed.reasoning
+  speed = next(r for r in relu if r["kind"] == "speed_up")
+  assert "0.50x" not in speed["response"] and "slower than it can be" in speed["response"]
+  assert "fastest design" in next(r for r in relu if r["kind"] == "keep_fast")["response"]
+  task = next(t for t in suite.load_suite([1]) if t.id == "level1/01_ReLU")
+  with pytest.raises(ValueError, match="known: quote, plain"):
+    export_corpus.examples_for_task(task, {}, reasoning="terse")
+  assert export_corpus.main(["--out", plain, "--results", path, "--levels", "1", "--reasoning", "plain"]) == 0
+  assert [r["response"] for r in _records(plain)] == [r["response"] for r in p if r["kind"] in export_corpus.KINDS]
 
 
 def test_export_without_results_is_single_turn(tmp_path, capsys):

@@ -1,5 +1,7 @@
 """kevin_jax.rl.prompts: turn prompts, history truncation, response parsing."""
 
+import pytest
+
 from kevin_jax.rl import prompts
 
 TASK = "import torch\nclass Model(torch.nn.Module):\n  def forward(self, x):\n    return torch.relu(x)\n"
@@ -50,6 +52,8 @@ def test_parse_round_trip():
   assert r.candidate_text == CAND
   assert r.summary == "One thread per element."
   assert prompts.opens_as_expected(r.reasoning)
+  with pytest.raises(ValueError, match="must not contain"):
+    prompts.format_response("Okay, it ended inside the reasoning (no </think>).", CAND, "s")
 
 
 def test_parse_malformed():

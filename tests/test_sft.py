@@ -172,7 +172,11 @@ def test_bad_corpora_are_clear_errors(tmp_path, corpus, full_run):
   c.sft.corpus_kinds = ("single", "retry_formats")
   with pytest.raises(SystemExit, match="sft.corpus_kinds.*unknown \\['retry_formats'\\]"):
     sft.run(c, str(tmp_path / "w4"))
-  for w in ("w1", "w2", "w3", "w4"):
+  c = make_config("")
+  c.sft.corpus_reasoning = "terse"
+  with pytest.raises(SystemExit, match="sft.corpus_reasoning.*'terse': known: quote, plain"):
+    sft.run(c, str(tmp_path / "w5"))
+  for w in ("w1", "w2", "w3", "w4", "w5"):
     assert not os.path.exists(tmp_path / w / "checkpoints")
   other = tmp_path / "other.jsonl"
   other.write_text("".join(open(corpus).readlines()[:-1]))  # One example fewer.

@@ -111,6 +111,14 @@ def test_bundled_corpus_is_the_exporters():
     assert p.error == "" and p.reasoning.startswith("Okay,") and "```plan" in p.candidate_text
 
 
+def test_bundled_corpus_passes_the_reasoning_style():
+  quote, plain = D.bundled_corpus(TASKS), D.bundled_corpus(TASKS, reasoning="plain")
+  assert [(r["task_id"], r["kind"], r["messages"]) for r in quote] == [
+      (r["task_id"], r["kind"], r["messages"]) for r in plain]
+  later = [(q["response"], p["response"]) for q, p in zip(quote, plain) if q["kind"] != "single"]
+  assert later and all(q != p for q, p in later)  # Needs kevin_jax/data/suite_results.json (committed).
+
+
 def test_split_keeps_test_tasks_out_of_training():
   exs = [D.Example((1,), (2, 3), f"t{i % 4}", "") for i in range(40)]
   train, evals, held = D.split(exs, test_task_ids={"t3"}, exclude_test_tasks=True, eval_fraction=0.1, seed=0)

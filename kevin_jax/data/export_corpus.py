@@ -27,7 +27,13 @@ Feedback is the evaluator's real text from a verification run (experiments/verif
 kevin_jax/data/suite_results.json; a results.json of a run works too). Attempts whose recorded status differs
 from their label are left out, and without a results file only `single` examples are written: feedback is
 never invented. Reasoning is short and task-specific and opens with "Okay," (QwQ's habit, which the RL monitors
-check). Pure text: no torch, no JAX.
+check). Two reasoning styles for the later-turn examples (`reasoning=`, config sft.corpus_reasoning):
+  quote   (default) quotes the previous feedback's first line and timings and names the wrong variant's bug;
+  plain   says only what kind of outcome the previous attempt had (wrong, slower than it can be, fastest, no
+          kernel), then the task and the plan: nothing a rollout's reasoning would have to copy from its prompt
+          or know about a kernel it wrote (README "Results", 2026-12-02: the warm start's later-turn responses
+          derail into word salad where their reasoning starts quoting the feedback).
+Pure text: no torch, no JAX.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suit
 KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # The default corpus.
 LATER_TURN_KINDS = ("retry_format", "keep_fast", "fast_then_format", "format_twice")  # Opt-in (docstring).
 ALL_KINDS = KINDS + LATER_TURN_KINDS
+REASONING_STYLES = ("quote", "plain")  # Module docstring.
 
 
 def check_kinds(kinds) -> tuple[str, ...]:
@@ -73,6 +80,9 @@ def load_results(path: str) -> dict[str, dict[str, dict]]:
 
 
 def _sentence(text: str) -> str:
+  """One sentence of quotable text: whitespace collapsed, a full stop added, think tags put in words (feedback
+  on a format error names `</think>`; inside reasoning it would end the reasoning there)."""
+  text = text.replace(prompts.THINK_CLOSE, "closing think tag").replace(prompts.THINK_OPEN, "opening think tag")
   text = " ".join(text.split())
   return text if text.endswith((".", "!", "?")) else text + "."
 
@@ -107,6 +117,15 @@ def reasoning_keep(meta: dict, fast: dict, target: suite.SuiteCandidate) -> str:
           f"have. The task: {_sentence(meta['description'])} I keep it: {_sentence(target.summary)}")
 
 
+def reasoning_plain(meta: dict, outcome: str, target: suite.SuiteCandidate) -> str:
+  """The `plain` style's later-turn reasoning: the previous attempt's kind of outcome, the task, the plan."""
+  opening, plan = {"wrong": ("the last kernel was wrong", "New version"),
+                   "slow": ("the last kernel was correct but slower than it can be", "To go faster"),
+                   "fast": ("the last kernel was correct and the fastest design I have", "I keep it"),
+                   "no_kernel": ("the last attempt gave no kernel", "Plan")}[outcome]
+  return f"Okay, {opening}. The task: {_sentence(meta['description'])} {plan}: {_sentence(target.summary)}"
+
+
 def format_error_attempt(target: suite.SuiteCandidate, reasoning: str) -> prompts.Attempt:
   """What a rollout's next prompt shows after a response that ended inside its reasoning (module docstring)."""
   cut = f"{prompts.THINK_OPEN}\n{' '.join(reasoning.split()[:6])}"
@@ -129,16 +148,23 @@ def _record(task: suite.SuiteTask, kind: str, attempts: list[prompts.Attempt], n
           "attempts": names, "turn": len(attempts) + 1}
 
 
+def check_reasoning(reasoning: str) -> str:
+  if reasoning not in REASONING_STYLES:
+    raise ValueError(f"reasoning style {reasoning!r}: known: {', '.join(REASONING_STYLES)}")
+  return reasoning
+
+
 def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None,
-                      kinds=KINDS) -> tuple[list[dict], list[str]]:
-  """The corpus records of one task (of the given kinds) and the notes on what was left out (status != label,
-  no results)."""
+                      kinds=KINDS, reasoning: str = "quote") -> tuple[list[dict], list[str]]:
+  """The corpus records of one task (of the given kinds, later-turn reasoning in the given style) and the notes on
+  what was left out (status != label, no results)."""
   kinds = check_kinds(kinds)
-  out, notes = _all_examples(task, results)
+  out, notes = _all_examples(task, results, check_reasoning(reasoning) == "plain")
   return [r for r in out if r["kind"] in kinds], notes
 
 
-def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None) -> tuple[list[dict], list[str]]:
+def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
+                  plain: bool = False) -> tuple[list[dict], list[str]]:
   meta = task.meta
   cands = {c.name: c for c in task.candidates()}
   naive, opt = cands["naive"], cands["optimized"]
@@ -149,7 +175,7 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None) -> tup
   if not results:
     return out, [f"{task.id}: no evaluator results, single-turn examples only"]
   broken = format_error_attempt(opt, reasoning_single(meta, opt))
-  retry = reasoning_retry(meta, broken.feedback, opt)
+  retry = reasoning_plain(meta, "no_kernel", opt) if plain else reasoning_retry(meta, broken.feedback, opt)
   out.append(_record(task, "retry_format", [broken], ["format_error"], retry, opt))
   out.append(_record(task, "format_twice", [broken, broken], ["format_error", "format_error"], retry, opt))
 
@@ -167,29 +193,31 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None) -> tup
   opt_res = results.get("optimized") or {}
   if opt_res.get("feedback") and opt_res.get("status") == opt.expect == "correct" and opt_res.get("speedup"):
     opt_att = prompts.Attempt(candidate_text=opt.text, summary=opt.summary, feedback=opt_res["feedback"])
-    out.append(_record(task, "keep_fast", [opt_att], ["optimized"], reasoning_keep(meta, opt_res, opt), opt))
+    keep = reasoning_plain(meta, "fast", opt) if plain else reasoning_keep(meta, opt_res, opt)
+    out.append(_record(task, "keep_fast", [opt_att], ["optimized"], keep, opt))
     out.append(_record(task, "fast_then_format", [opt_att, broken], ["optimized", "format_error"], retry, opt))
   faster = (naive_res is not None and opt_res.get("status") == "correct" and naive_res.get("speedup")
             and opt_res.get("speedup") and opt_res["speedup"] > naive_res["speedup"])
+  speed = (reasoning_plain(meta, "slow", opt) if plain else reasoning_speed(meta, naive_res, opt)) if faster else ""
   if faster:
-    out.append(_record(task, "speed_up", [naive_att], ["naive"], reasoning_speed(meta, naive_res, opt), opt))
+    out.append(_record(task, "speed_up", [naive_att], ["naive"], speed, opt))
   for c in cands.values():
     if c.kind != "variant":
       continue
     wrong_att, wrong_res = attempt(c)
     if wrong_att is None:
       continue
-    out.append(_record(task, "fix_wrong", [wrong_att], [c.name],
-                       reasoning_fix(meta, c, wrong_res["feedback"], opt), opt))
+    fix = reasoning_plain(meta, "wrong", opt) if plain else reasoning_fix(meta, c, wrong_res["feedback"], opt)
+    out.append(_record(task, "fix_wrong", [wrong_att], [c.name], fix, opt))
     if faster:
-      out.append(_record(task, "fix_then_speed_up", [wrong_att, naive_att], [c.name, "naive"],
-                         reasoning_speed(meta, naive_res, opt), opt))
+      out.append(_record(task, "fix_then_speed_up", [wrong_att, naive_att], [c.name, "naive"], speed, opt))
   return out, notes
 
 
 def export(out_path: str, results_path: str | None, levels=None, split: str = "all",
-           test_fraction: float = 0.25, seed: int = 0, kinds=KINDS) -> dict[str, int]:
-  """Writes the corpus (examples of the given kinds); returns the number of examples per kind."""
+           test_fraction: float = 0.25, seed: int = 0, kinds=KINDS, reasoning: str = "quote") -> dict[str, int]:
+  """Writes the corpus (examples of the given kinds and reasoning style); returns the number of examples per
+  kind."""
   results = load_results(results_path) if results_path else None
   suite_tasks = suite.load_suite(levels)
   if split != "all":
@@ -200,7 +228,7 @@ def export(out_path: str, results_path: str | None, levels=None, split: str = "a
   notes: list[str] = []
   with open(out_path, "w", encoding="utf-8") as f:
     for t in suite_tasks:
-      recs, why = examples_for_task(t, None if results is None else results.get(t.id, {}), kinds)
+      recs, why = examples_for_task(t, None if results is None else results.get(t.id, {}), kinds, reasoning)
       notes += why
       for r in recs:
         f.write(json.dumps(r) + "\n")
@@ -221,10 +249,12 @@ def main(argv: Iterable[str] | None = None) -> int:
                   help="only the tasks of this side of the bundled split (config.tasks defaults)")
   ap.add_argument("--kinds", default=",".join(KINDS),
                   help=f"comma-separated example kinds (default: {','.join(KINDS)}; 'all' = {','.join(ALL_KINDS)})")
+  ap.add_argument("--reasoning", choices=REASONING_STYLES, default="quote",
+                  help="later-turn reasoning style (module docstring)")
   a = ap.parse_args(list(argv) if argv is not None else None)
   levels = [int(x) for x in a.levels.split(",") if x.strip()] or None
   kinds = ALL_KINDS if a.kinds == "all" else check_kinds(k for k in a.kinds.split(",") if k.strip())
-  counts = export(a.out, a.results or None, levels, a.split, kinds=kinds)
+  counts = export(a.out, a.results or None, levels, a.split, kinds=kinds, reasoning=a.reasoning)
   total = sum(counts.values())
   print(f"{total} examples -> {a.out}: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in kinds)
         + ("" if a.results else " (no results file: single-turn only)"))

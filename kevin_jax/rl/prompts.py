@@ -120,7 +120,10 @@ def fit_messages(task_source: str, attempts: Sequence[Attempt], count_tokens: Ca
 
 
 def format_response(reasoning: str, candidate_text: str, summary: str) -> str:
-  """A well-formed response (used for the warm-start corpus and tests)."""
+  """A well-formed response (used for the warm-start corpus and tests). Reasoning holding a think tag would close
+  (or reopen) the reasoning early, so parse_response would not give it back: a ValueError."""
+  if THINK_OPEN in reasoning or THINK_CLOSE in reasoning:
+    raise ValueError(f"reasoning must not contain {THINK_OPEN} or {THINK_CLOSE}: {reasoning[:200]!r}")
   return (f"{THINK_OPEN}\n{reasoning.strip()}\n{THINK_CLOSE}\n{candidate_text.strip()}\n"
           f"Summary: {summary.strip()}")
 

@@ -75,12 +75,13 @@ def _validate(rec: Any, where: str) -> None:
     raise CorpusError(f"{where}: 'response' must be a non-empty string")
 
 
-def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None,
+                   reasoning: str = "quote") -> list[dict[str, Any]]:
   """The bundled suite's corpus for the given task ids, built by kevin_jax/data/export_corpus.py in memory.
 
   Single-turn examples (naive and optimized solutions) for every task, plus multi-turn fix / speed-up episodes
   with real evaluator feedback when kevin_jax/data/suite_results.json (an H200 verification run) exists.
-  Task ids outside the bundled suite contribute nothing.
+  Task ids outside the bundled suite contribute nothing. `kinds` and `reasoning`: export_corpus.examples_for_task.
   """
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
   from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
@@ -91,7 +92,7 @@ def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None) 
   for task in suite.load_suite():
     if task.id in wanted:
       records += export_corpus.examples_for_task(task, None if results is None else results.get(task.id, {}),
-                                                 export_corpus.KINDS if kinds is None else kinds)[0]
+                                                 export_corpus.KINDS if kinds is None else kinds, reasoning)[0]
   return records
 
 
