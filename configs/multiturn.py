@@ -117,6 +117,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.compile_workers = 0  # NVRTC compile processes (0 = number of CPU cores, at most 16).
   c.evaluator.correctness_trials = 5  # Fresh random input sets checked per candidate (KernelBench: 5).
   c.evaluator.timing_runs = 100  # Timed launches per side, median taken (KernelBench: 100).
+  c.evaluator.timing_max_s = 0.0  # Time budget of one candidate's timed runs, seconds (0 = none): past it (and
+  #   timing_min_runs), stop early; the last run is validated (kernels/timing.py). Not yet measured on a GPU.
+  c.evaluator.timing_min_runs = 10  # Timed runs done before timing_max_s may stop them.
   c.evaluator.warmup_runs = 3  # Untimed launches per side before timing.
   c.evaluator.atol = 1e-4  # fp32 absolute tolerance (KernelBench today: 1e-4).
   c.evaluator.rtol = 1e-4  # fp32 relative tolerance.

@@ -112,6 +112,8 @@ def main() -> None:
   ap.add_argument("--load-inline-timeout", type=float, default=180.0)
   ap.add_argument("--fake", action="store_true", help="CPU dry run of this script with a stand-in GPU worker")
   ap.add_argument("--suite", action="store_true", help="check the bundled suite's solutions against meta.json")
+  ap.add_argument("--timing-max-s", type=float, default=0.0,
+                  help="evaluator.timing_max_s (time budget of one candidate's timed runs; 0 = all 100 runs)")
   args = ap.parse_args()
   if args.suite:
     suite_check(args)
@@ -125,7 +127,7 @@ def main() -> None:
   t_all = time.perf_counter()
   cands = {t: read("candidates", t + ".md") for t in TASKS}
   cache_dir = tempfile.mkdtemp(prefix="bench_evaluator_cache_")  # Cold NVRTC cache.
-  cfg = EvaluatorConfig(cache_dir=cache_dir)
+  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s)
   t = time.perf_counter()
   with Evaluator(cfg, task_source=os.path.join(DATA, "tasks"), _gpu_role="fake" if args.fake else "gpu") as ev:
     # Warm-up: one evaluation per task loads the reference models and cuBLAS in the worker.
@@ -214,19 +216,23 @@ def suite_check(args) -> None:
       items.append((task_id, open(f, encoding="utf-8").read()))
       labels.append((task_id, name, meta.get("solutions", {}).get(name, {}).get("expect")))
   t = time.perf_counter()
-  with Evaluator(EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_")), task_source="bundled",
-                 _gpu_role="fake" if args.fake else "gpu") as ev:
+  cfg = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_"), timing_max_s=args.timing_max_s)
+  with Evaluator(cfg, task_source="bundled", _gpu_role="fake" if args.fake else "gpu") as ev:
     rs = ev.evaluate(items)
     gpu = ev.gpu_info
   wall = time.perf_counter() - t
   rows = [{"task": tid, "solution": name, "expect": exp, "status": r.status, "speedup": r.speedup,
            "ref_ms": r.ref_time_ms, "cand_ms": r.cand_time_ms, "flags": r.flags, "error": r.error[:300],
+           "timing_s": (r.times or {}).get("timing"),
            "ok": exp is None or exp == r.status} for (tid, name, exp), r in zip(labels, rs)]
   bad = [x for x in rows if not x["ok"]]
   with open(os.path.join(args.out, "suite_check.json"), "w", encoding="utf-8") as f:
-    json.dump({"gpu": gpu, "wall_s": wall, "rows": rows}, f, indent=2, default=str)
+    json.dump({"gpu": gpu, "wall_s": wall, "timing_max_s": args.timing_max_s, "rows": rows}, f, indent=2,
+              default=str)
+  timing_total = sum(x["timing_s"] or 0.0 for x in rows)
   lines = [f"# Suite check: {len(rows) - len(bad)}/{len(rows)} solutions match their expected status "
-           f"({wall:.0f} s, {(gpu or {}).get('device_name')})", "",
+           f"({wall:.0f} s, {timing_total:.0f} s of it timing, timing_max_s {args.timing_max_s:g}, "
+           f"{(gpu or {}).get('device_name')})", "",
            "| task | solution | expect | status | speedup | ref ms | note |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
   for x in rows:

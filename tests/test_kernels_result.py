@@ -72,3 +72,12 @@ def test_round_trip_through_json():
   r.status = "incorrect"
   finalize(r)
   assert r.score == 0.0 and r.feedback.startswith("Incorrect")
+
+
+def test_timing_budget_settings_reach_the_worker_and_are_checked():
+  s = EvaluatorConfig(timing_max_s=0.5, timing_min_runs=30).worker_settings()
+  assert s["timing_max_s"] == 0.5 and s["timing_min_runs"] == 30 and s["timing_runs"] == 100
+  assert EvaluatorConfig().worker_settings()["timing_max_s"] == 0.0  # Off by default: KernelBench's 100 runs.
+  for bad in (dict(timing_max_s=-1.0), dict(timing_min_runs=0)):
+    with pytest.raises(ValueError, match="timing_max_s must be >= 0 and timing_min_runs >= 1"):
+      EvaluatorConfig(**bad)

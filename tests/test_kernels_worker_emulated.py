@@ -221,6 +221,35 @@ def test_call_counting_is_caught_in_timing(emu):
   assert "timed run" in res["error"] and res["speedup"] is None
 
 
+def test_timing_budget_stops_slow_candidates_and_validates_the_last_run(emu):
+  """timing_max_s: a 10 ms-per-launch candidate stops after the budget (at least timing_min_runs timed runs) and
+  not after timing_runs; its last run is validated, so a kernel that stops computing after a few timed runs is
+  caught although no random validation is drawn (validate_fraction 0). A fast one runs all its runs."""
+  def slow(x, y, out, n):
+    time.sleep(0.01)
+    _add(x, y, out, n)
+
+  res = emu({"add": slow}, timing_runs=100, timing_max_s=0.05, timing_min_runs=3)
+  t = res["details"]["timing"]
+  assert res["status"] == "correct" and t["budget_stop"] and 3 <= t["cand_ms"]["n"] <= 10, t
+  assert t["ref_ms"]["n"] == t["cand_ms"]["n"] and t["validated"] >= 2
+
+  calls = []
+
+  def stops(x, y, out, n):
+    calls.append(1)
+    time.sleep(0.01)
+    if len(calls) <= 15:  # 5 trials x 2 runs, 3 warm-ups and 2 timed runs pass, then a no-op.
+      _add(x, y, out, n)
+
+  res = emu({"add": stops}, timing_runs=100, timing_max_s=0.05, timing_min_runs=3, validate_fraction=0.0)
+  assert res["status"] == "incorrect" and res["flags"] == ["timing_validation_failed"], res
+  assert len(calls) < 30
+
+  res = emu({"add": _add}, timing_runs=20, timing_max_s=10.0, timing_min_runs=3, validate_fraction=0.2)
+  assert res["details"]["timing"]["cand_ms"]["n"] == 20 and not res["details"]["timing"]["budget_stop"]
+
+
 def test_pointer_memoisation_is_caught(emu):
   cache = {}
 

@@ -39,6 +39,8 @@ class EvaluatorConfig:
   compile_workers: int = 0
   correctness_trials: int = 5
   timing_runs: int = 100
+  timing_max_s: float = 0.0
+  timing_min_runs: int = 10
   warmup_runs: int = 3
   atol: float = 1e-4
   rtol: float = 1e-4
@@ -80,6 +82,9 @@ class EvaluatorConfig:
       raise ValueError(f"timing_graphs must be auto | always | never, got {self.timing_graphs!r}")
     if self.correctness_trials < 1:
       raise ValueError("correctness_trials must be >= 1")
+    if self.timing_max_s < 0 or self.timing_min_runs < 1:
+      raise ValueError(f"timing_max_s must be >= 0 and timing_min_runs >= 1, got {self.timing_max_s} and "
+                       f"{self.timing_min_runs}")
     from kevin_jax.kernels.taskinfo import DISTRIBUTIONS  # pylint: disable=g-import-not-at-top
     bad = [d for d in self.input_distributions if d not in DISTRIBUTIONS]
     if bad:
@@ -96,7 +101,8 @@ class EvaluatorConfig:
     return cls(**d)
 
   def worker_settings(self) -> dict:
-    keys = ("correctness_trials", "timing_runs", "warmup_runs", "atol", "rtol", "half_atol", "half_rtol",
+    keys = ("correctness_trials", "timing_runs", "timing_max_s", "timing_min_runs", "warmup_runs", "atol", "rtol",
+            "half_atol", "half_rtol",
             "excessive_speedup", "kernel_timeout_s", "timing_input_sets", "input_distributions", "validate_fraction",
             "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed")
     return {k: getattr(self, k) for k in keys}

@@ -11,6 +11,10 @@ Per iteration (warm-up iterations first, untimed):
      excessive speedup) the candidate's outputs are compared on the GPU with the reference outputs of the same
      inputs, computed after the candidate finished; then the reference outputs are scrubbed;
   6. a polled device sync with a deadline (a hang becomes a timeout).
+N is `timing_runs`, or fewer under a time budget (`timing_max_s` > 0, evaluator-anchors.md §4.3 "stop ... on a
+time budget"): once the timed iterations have taken timing_max_s of wall time and at least `timing_min_runs` are
+done, the next iteration is the last, and it is validated like every pass's last iteration. So a slow candidate
+(a naive GEMM at 0.02x takes ~100 ms per run) costs ~timing_max_s instead of 100 runs; fast ones are unaffected.
 Statistic: median of N per side; speedup = median_ref / median_candidate. Launch-bound tasks (reference below
 `graph_threshold_ms`) can be timed as CUDA-graph replays on both sides (`timing_graphs`).
 """
@@ -126,10 +130,18 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
   w, stream = su.w, su.w.stream
   total = warmup + n_runs
   frac = float(w.s["validate_fraction"])
+  max_s, min_runs = float(w.s.get("timing_max_s", 0.0)), int(w.s.get("timing_min_runs", 1))
   validate = [validate_all or i in (0, total - 1) or (i >= warmup and w.secret.random() < frac)
               for i in range(total)]
   cand_ev, ref_ev, checks = [], [], []
+  timed_since = None
   for i in range(total):
+    if i == warmup:
+      timed_since = time.monotonic()
+    # Under a time budget this iteration is the last once enough timed ones took long enough (module docstring).
+    last = i == total - 1 or (max_s > 0 and timed_since is not None and i - warmup + 1 >= min_runs
+                              and time.monotonic() - timed_since >= max_s)
+    validate[i] = validate[i] or last
     k = i % su.n_sets
     su.set_inputs(k)
     su.bufs.fill(su.fill, B.POISON_NAN)
@@ -155,8 +167,10 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
     wait(stream, time.monotonic() + deadline_s, f"timed run {i + 1}")
     if i >= warmup:
       cand_ev.append((c0, c1))
+    if last:
+      break
   out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
-         "validated": len(checks), "bad_run": None}
+         "validated": len(checks), "bad_run": None, "budget_stop": len(cand_ev) < n_runs}
   if checks:
     counts = torch.stack([c for _, c in checks]).cpu().tolist()
     for (i, _), n in zip(checks, counts):
@@ -200,7 +214,8 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
       res["details"]["graph_capture_error"] = f"{type(e).__name__}: {str(e)[:300]}"
       torch.cuda.synchronize()  # Raises (-> fatal) if the failed capture broke the context.
   p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
-  info = {"method": method, "input_sets": su.n_sets, "flush_bytes": w.flush.numel(), "validated": p["validated"]}
+  info = {"method": method, "input_sets": su.n_sets, "flush_bytes": w.flush.numel(), "validated": p["validated"],
+          "budget_stop": p["budget_stop"]}
 
   def conclude(p, recheck: bool) -> bool:
     cand, ref = _stats(p["cand_ms"]), _stats(p["ref_ms"])
@@ -223,7 +238,7 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
     res["flags"].append("excessive_speedup")
     info["first_pass"] = {"cand_ms": info["cand_ms"], "ref_ms": info["ref_ms"]}
     p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), True, time_ref, deadline_s)
-    info["validated"] = p["validated"]
+    info["validated"], info["budget_stop"] = p["validated"], p["budget_stop"]
     ok = conclude(p, True)
   if ok:
     res["status"] = "correct"
