@@ -105,8 +105,9 @@ def emu(monkeypatch, tmp_path):
   FakeModule.impls = {}
   (tmp_path / "add.py").write_text(TASK)
   w = worker.GpuWorker.__new__(worker.GpuWorker)
-  w.s = dict(correctness_trials=5, timing_runs=20, warmup_runs=3, atol=1e-4, rtol=1e-4, half_atol=1e-2,
-             half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0, timing_input_sets=2,
+  w.s = dict(correctness_trials=5, timing_runs=20, timing_max_s=0.0, timing_min_runs=10, warmup_runs=3, atol=1e-4,
+             rtol=1e-4, half_atol=1e-2, half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0,
+             timing_input_sets=2,
              input_distributions=("task", "normal", "uniform", "heavy", "shifted"), validate_fraction=0.2,
              timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0)
   w.device = torch.device("cpu")

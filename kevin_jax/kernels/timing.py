@@ -130,7 +130,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
   w, stream = su.w, su.w.stream
   total = warmup + n_runs
   frac = float(w.s["validate_fraction"])
-  max_s, min_runs = float(w.s.get("timing_max_s", 0.0)), int(w.s.get("timing_min_runs", 1))
+  max_s, min_runs = float(w.s["timing_max_s"]), int(w.s["timing_min_runs"])
   validate = [validate_all or i in (0, total - 1) or (i >= warmup and w.secret.random() < frac)
               for i in range(total)]
   cand_ev, ref_ev, checks = [], [], []

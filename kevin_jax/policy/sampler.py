@@ -116,17 +116,25 @@ class SamplerOutput:
   prompt_tokens: list[list[int]]
 
 
+def _chunked(x_BxV: Array, chunks: int) -> Array | None:
+  """[B, C, W] view of x padded with -inf to C * W columns, C = min(chunks, V // 256); None if C < 2."""
+  b, v = x_BxV.shape
+  chunks = min(chunks, v // 256)
+  if chunks < 2:
+    return None
+  width = -(-v // chunks)
+  return jnp.pad(x_BxV, ((0, 0), (0, chunks * width - v)), constant_values=-jnp.inf).reshape(b, chunks, width)
+
+
 def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
   """jnp.argmax(x_BxV, axis=-1) (int32), computed in two stages: the first index of each of `chunks` column
   chunks' maximum, then of the chunks' maxima. Same result, ties and NaNs included (first index of the first
   maximum). A one-stage row reduction gives each of the B rows one thread block, so a decode step's [64, 151936]
   Gumbel-argmax kept only 64 of the H200's 132 SMs busy (65 us per step, 2026-12-01 profile)."""
-  b, v = x_BxV.shape
-  chunks = min(chunks, v // 256)
-  if chunks < 2:
+  x_BxCxW = _chunked(x_BxV, chunks)
+  if x_BxCxW is None:
     return jnp.argmax(x_BxV, axis=-1).astype(jnp.int32)
-  width = -(-v // chunks)
-  x_BxCxW = jnp.pad(x_BxV, ((0, 0), (0, chunks * width - v)), constant_values=-jnp.inf).reshape(b, chunks, width)
+  width = x_BxCxW.shape[-1]
   i_BxC = jnp.argmax(x_BxCxW, axis=-1)
   m_BxC = jnp.take_along_axis(x_BxCxW, i_BxC[..., None], axis=-1)[..., 0]
   c_B = jnp.argmax(m_BxC, axis=-1)
@@ -145,16 +153,6 @@ def logsumexp_rows(x_BxV: Array, chunks: int = 32) -> Array:
   m_B = jnp.max(m_BxC, axis=-1)
   m_B = jnp.where(jnp.isneginf(m_B), 0.0, m_B)  # an all -inf row: log(0) = -inf below
   return m_B + jnp.log(jnp.sum(s_BxC * jnp.exp(m_BxC - m_B[:, None]), axis=-1))
-
-
-def _chunked(x_BxV: Array, chunks: int) -> Array | None:
-  """[B, C, W] view of x padded with -inf to C * W columns, C = min(chunks, V // 256); None if C < 2."""
-  b, v = x_BxV.shape
-  chunks = min(chunks, v // 256)
-  if chunks < 2:
-    return None
-  width = -(-v // chunks)
-  return jnp.pad(x_BxV, ((0, 0), (0, chunks * width - v)), constant_values=-jnp.inf).reshape(b, chunks, width)
 
 
 def _chunk_stats(x_BxCxW: Array) -> tuple[Array, Array]:
