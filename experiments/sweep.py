@@ -157,7 +157,16 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for tag, extra in (("", []),
                                        ("_kinds", ["--config.sft.corpus_kinds=" + repr(export_corpus.ALL_KINDS)]))
-                    for seed in (0, 1)],
+                    for seed in (0, 1)]
+                + [  # 2026-12-03 (tenth session): multi_s0_plain_kinds_t0.6's warm start (its sft/hf, carried as
+                    # runs/pk_s0_hf: -- --config.init_from=runs/pk_s0_hf) trained for as many RL steps as the
+                    # session's last device minutes allow; its step 0 is multi_s0_plain_kinds_t0.6's (same seed,
+                    # weights and sampling temperature).
+                    ("multi_s0_plain_kinds_t0.6_max", "configs/multiturn.py",
+                     ["--config.seed=0", "--config.sampler.temperature=0.6", "--config.total_steps=40",
+                      "--config.evaluation.in_training_first=False", "--config.time_budget_eval_s=130",
+                      "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
+                      "--config.evaluation.in_training_splits=('train',)"])],
 }
 # The evidence runs before the seventh session (2026-12-02) sampled at the default temperature of the time, 0.9
 # (now 0.6, configs/multiturn.py): pinned so that their commands still reproduce them.
@@ -167,7 +176,8 @@ SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o
 # Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
 # it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.
 STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s0_t0.6_lr2e-5",
-              "multi_s0_t0.6_max60": "multi_s0_t0.6_lr2e-5", "multi_s0_t0.6_max90": "multi_s0_t0.6_lr2e-5"}
+              "multi_s0_t0.6_max60": "multi_s0_t0.6_lr2e-5", "multi_s0_t0.6_max90": "multi_s0_t0.6_lr2e-5",
+              "multi_s0_plain_kinds_t0.6_max": "multi_s0_plain_kinds_t0.6"}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
