@@ -4,7 +4,7 @@ GRPO learns only from differences between a task's samples: a group of identical
 This samples k first-turn responses per training task at each temperature and reports, per temperature:
   distinct     distinct responses per sample (1/k = all identical, 1 = all different), mean over tasks;
   well_formed  share whose reasoning closes and whose ```cuda / ```plan blocks parse (kernels/candidate.py);
-  designs      share whose ```cuda block is one of the bundled suite's labelled candidates for the task
+  designs      share whose ```cuda and ```plan blocks are one of the bundled suite's labelled candidates for the task
                (by name: naive, optimized, wrong_*) or none of them (novel);
   tokens       mean response tokens; nll mean negative log-likelihood per sampled token at temperature 1.
 
@@ -30,23 +30,25 @@ from kevin_jax.kernels import suite
 from kevin_jax.rl import prompts
 
 
-def _cuda_block(text: str) -> str | None:
-  """The ```cuda block with whitespace normalised, or None if the candidate does not parse."""
+def candidate_key(text: str) -> str | None:
+  """The ```cuda and ```plan blocks with whitespace normalised (several suite candidates share a kernel and differ
+  only in the plan), or None if the candidate does not parse."""
   try:
-    return " ".join(candidate_lib.parse_candidate(text).cuda_source.split())
+    c = candidate_lib.parse_candidate(text)
   except candidate_lib.FormatError:
     return None
+  return " ".join(c.cuda_source.split()) + " | " + " ".join(c.plan_text.split())
 
 
 def classify(response: str, designs: dict[str, str]) -> tuple[bool, str]:
-  """(well formed, design name | 'novel' | 'malformed') of one response; designs: normalised cuda -> name."""
+  """(well formed, design name | 'novel' | 'malformed') of one response; designs: candidate_key -> name."""
   parsed = prompts.parse_response(response)
   if parsed.error:
     return False, "malformed"
-  cuda = _cuda_block(parsed.candidate_text)
-  if cuda is None:
+  key = candidate_key(parsed.candidate_text)
+  if key is None:
     return False, "malformed"
-  return True, designs.get(cuda, "novel")
+  return True, designs.get(key, "novel")
 
 
 def summarize(per_task: dict[str, list[str]], designs: dict[str, dict[str, str]]) -> dict:
@@ -87,19 +89,20 @@ def main(argv=None) -> int:
   ids = [s.id for s in specs]
   task_ids = ids[::max(1, len(ids) // args.tasks)][:args.tasks] if args.tasks else ids  # Spread over the split.
   by_id = {t.id: t for t in suite.load_suite()}
-  designs = {tid: {" ".join(candidate_lib.parse_candidate(c.text).cuda_source.split()): c.name
-                   for c in by_id[tid].candidates()} if tid in by_id else {} for tid in task_ids}
+  designs = {tid: {candidate_key(c.text): c.name for c in by_id[tid].candidates()} if tid in by_id else {}
+             for tid in task_ids}
   prompt_ids = [policy.encode_chat(prompts.build_messages(sources[tid])) for tid in task_ids]
-  batch = [ids for ids in prompt_ids for _ in range(args.samples)]
 
   report = {"checkpoint": args.checkpoint, "tasks": task_ids, "samples": args.samples, "by_temperature": {}}
   for temp in temps:
     t0 = time.perf_counter()
-    out = policy.sampler.generate(params, batch, seed=args.seed, temperature=temp,
-                                  max_new_tokens=args.max_new_tokens)
-    per_task = {tid: list(out.text[i * args.samples:(i + 1) * args.samples]) for i, tid in enumerate(task_ids)}
-    tokens = [len(t) for t in out.tokens]
-    nll = [-float(sum(lp)) / max(1, len(lp)) for lp in out.logprobs]
+    per_task, tokens, nll = {}, [], []
+    for tid, ids in zip(task_ids, prompt_ids):  # One task per call: a CPU's prefill of many prompts is large.
+      out = policy.sampler.generate(params, [ids] * args.samples, seed=args.seed, temperature=temp,
+                                    max_new_tokens=args.max_new_tokens)
+      per_task[tid] = list(out.text)
+      tokens += [len(t) for t in out.tokens]
+      nll += [-float(sum(lp)) / max(1, len(lp)) for lp in out.logprobs]
     row = {**summarize(per_task, designs), "tokens": sum(tokens) / len(tokens), "nll": sum(nll) / len(nll),
            "seconds": time.perf_counter() - t0}
     report["by_temperature"][str(temp)] = {**row, "responses": per_task}
