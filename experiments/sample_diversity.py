@@ -11,8 +11,8 @@ This samples k first-turn responses per training task at each temperature and re
   python experiments/sample_diversity.py --checkpoint runs/warm/hf --tasks 8 --samples 16 \
       --temperatures 0.6,0.8,1.0 --out /tmp/diversity.json
 
-Runs the default job's policy, tokenizer, prompt builder, task split and sampler (configs/multiturn.py). On a CPU,
---dtype float32 is faster than bf16.
+Runs the default job's policy, tokenizer, prompt builder, task split and sampler (configs/multiturn.py); --dtype
+overrides the policy's parameter and compute dtypes (e.g. float32 on a CPU without fast bf16).
 """
 import argparse
 import collections
@@ -80,8 +80,8 @@ def main(argv=None) -> int:
   if args.dtype:
     config.policy.param_dtype = config.policy.compute_dtype = args.dtype
   temps = [float(t) for t in args.temperatures.split(",") if t]
-  if not temps or any(t < 0 for t in temps) or args.samples < 1:
-    raise SystemExit("need temperatures >= 0 and --samples >= 1")
+  if not temps or any(t < 0 for t in temps) or args.samples < 1 or args.tasks < 0:
+    raise SystemExit("need temperatures >= 0, --samples >= 1 and --tasks >= 0")
 
   policy = runtime.build_policy(config)
   params = runtime.load_params(args.checkpoint, policy)
@@ -97,8 +97,8 @@ def main(argv=None) -> int:
   for temp in temps:
     t0 = time.perf_counter()
     per_task, tokens, nll = {}, [], []
-    for tid, ids in zip(task_ids, prompt_ids):  # One task per call: a CPU's prefill of many prompts is large.
-      out = policy.sampler.generate(params, [ids] * args.samples, seed=args.seed, temperature=temp,
+    for tid, prompt in zip(task_ids, prompt_ids):  # One task per call: a CPU's prefill of many prompts is large.
+      out = policy.sampler.generate(params, [prompt] * args.samples, seed=args.seed, temperature=temp,
                                     max_new_tokens=args.max_new_tokens)
       per_task[tid] = list(out.text)
       tokens += [len(t) for t in out.tokens]
