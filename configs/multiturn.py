@@ -192,7 +192,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   corpus (kevin_jax/data/export_corpus.py: single-turn + feedback episodes if data/suite_results.json exists).
   c.sft.corpus_kinds = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # Example kinds of the bundled
   #   corpus (export_corpus.KINDS); the opt-in later-turn kinds retry_format, keep_fast, fast_then_format and
-  #   format_twice cover prompts rollouts produce after a format error or the fast solution (export_corpus.py).
+  #   format_twice cover prompts rollouts produce after a format error or the fast solution; first_wrong adds
+  #   known-wrong first attempts, so the first turn mixes correct-slow, correct-fast and wrong (export_corpus.py).
   c.sft.corpus_reasoning = "quote"  # Later-turn reasoning of the bundled corpus: quote (the previous feedback's
   #   text and timings) | plain (only the kind of outcome, the task and the plan; export_corpus.py docstring).
   c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).

@@ -129,6 +129,34 @@ def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_fi
   assert {r["kind"] for r in _records(out)} == {"single", "keep_fast"}
 
 
+def test_first_wrong_makes_the_first_turn_a_mixture(tmp_path, results_file):
+  """Opt-in first_wrong: the task alone -> each wrong variant whose recorded status is its label, in the single
+  examples' prompt and reasoning style; with `single`, the first turns mix naive, optimized and wrong kernels."""
+  path, _ = results_file
+  out = str(tmp_path / "corpus.jsonl")
+  counts = export_corpus.export(out, path, levels=[1], kinds=("single", "first_wrong"))
+  recs = _records(out)
+  by_task = {t.id: t for t in suite.load_suite([1])}
+  # ReLU 3 + ELU 2 + Argmax 3 variants, less Argmax's mislabelled one; tasks without results get none.
+  expect = sum(1 for tid in TASKS for c in by_task[tid].candidates() if c.kind == "variant") - 1
+  assert counts == {"single": 2 * 24, "first_wrong": expect} and expect == 7
+  for r in (r for r in recs if r["kind"] == "first_wrong"):
+    task = by_task[r["task_id"]]
+    target = {c.name: c for c in task.candidates()}[r["target"]]
+    assert target.kind == "variant" and target.expect != "correct" and r["quality"] == "wrong"
+    assert r["turn"] == 1 and r["attempts"] == []
+    assert r["messages"] == prompts.build_messages(task.spec.source, [])
+    parsed = prompts.parse_response(r["response"])
+    assert parsed.error == "" and parsed.candidate_text == target.text and parsed.summary == target.summary
+    assert parsed.reasoning == export_corpus.reasoning_single(task.meta, target)
+    assert target.bug.rstrip(".") not in r["response"]  # Nothing says it is wrong.
+  assert "wrong_iteration_index" not in {r["target"] for r in recs}
+  assert {r["quality"] for r in recs if r["kind"] == "single"} == {"correct"}
+  relu = [r["target"] for r in recs if r["task_id"] == "level1/01_ReLU"]
+  assert sorted(relu) == ["naive", "optimized", "wrong_boundary", "wrong_leaky", "wrong_tail"]
+  assert "first_wrong" not in export_corpus.KINDS  # Opt-in.
+
+
 def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
   """reasoning='plain': the same prompts and targets as the default style, but later-turn reasoning built from the
   task and the previous outcome's kind only: no feedback line, timing or variant bug in it, so every fix of one

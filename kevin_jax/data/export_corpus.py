@@ -19,6 +19,11 @@ errors again):
   keep_fast         turn 2: the optimized solution + its feedback (correct, its speedup) -> the optimized one again
   fast_then_format  turn 3: the optimized solution, then a response that ended inside its reasoning -> optimized
   format_twice      turn 3: two responses that ended inside their reasoning -> the optimized solution
+Opt-in kind for a first turn that is a genuine mixture (issue 8: "correct-slow, correct-fast and wrong attempts"):
+  first_wrong       turn 1: the task alone -> a known-wrong variant, with the same style of reasoning as `single`
+                    (the task, then the variant's plan), one example per variant whose recorded status is its
+                    label; with `single` the first turn is then naive : optimized : wrong = 1 : 1 : (2 or 3)
+                    per task. `fix_wrong` and `fix_then_speed_up` teach what follows it.
 The format-error attempt is built by the rollout's own code (prompts.parse_response, rollout.format_error_result)
 from a response cut inside its reasoning: its prompt is the one a rollout shows after any such response, whatever
 text preceded the cut.
@@ -52,7 +57,8 @@ from kevin_jax.rl import rollout
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_results.json")
 KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # The default corpus.
 LATER_TURN_KINDS = ("retry_format", "keep_fast", "fast_then_format", "format_twice")  # Opt-in (docstring).
-ALL_KINDS = KINDS + LATER_TURN_KINDS
+WRONG_TARGET_KINDS = ("first_wrong",)  # Opt-in (docstring): the only examples whose target is a wrong kernel.
+ALL_KINDS = KINDS + LATER_TURN_KINDS + WRONG_TARGET_KINDS
 REASONING_STYLES = ("quote", "plain")  # Module docstring.
 
 
@@ -144,7 +150,8 @@ def _record(task: suite.SuiteTask, kind: str, attempts: list[prompts.Attempt], n
             reasoning: str, target: suite.SuiteCandidate) -> dict[str, Any]:
   return {"messages": prompts.build_messages(task.spec.source, attempts),
           "response": prompts.format_response(reasoning, target.text, target.summary),
-          "task_id": task.id, "level": task.level, "kind": kind, "quality": "correct", "target": target.name,
+          "task_id": task.id, "level": task.level, "kind": kind,
+          "quality": "correct" if target.expect == "correct" else "wrong", "target": target.name,
           "attempts": names, "turn": len(attempts) + 1}
 
 
@@ -207,6 +214,7 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
     wrong_att, wrong_res = attempt(c)
     if wrong_att is None:
       continue
+    out.append(_record(task, "first_wrong", [], [], reasoning_single(meta, c), c))
     fix = reasoning_plain(meta, "wrong", opt) if plain else reasoning_fix(meta, c, wrong_res["feedback"], opt)
     out.append(_record(task, "fix_wrong", [wrong_att], [c.name], fix, opt))
     if faster:
