@@ -180,13 +180,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.time_budget_eval_s=130", "--config.evaluator.run_timeout_s=20",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1)]
-                + [  # Its continuation: multi_s0_mix_t0.6's trained policy (hf/, carried as runs/mix_s0_hf:
-                    # -- --config.init_from=runs/mix_s0_hf) with a fresh optimizer; step 0 is multi_s0_mix_t0.6's.
-                    ("multi_s0_mix_t0.6_more", "configs/multiturn.py",
+                + [  # Its continuations, each from the previous run's trained policy (hf/, carried: _more from
+                    # multi_s0_mix_t0.6's as runs/mix_s0_hf, _more2 from _more's as runs/mix_more_s0_hf;
+                    # --config.init_from=<it>) with a fresh optimizer; their step 0 is multi_s0_mix_t0.6's.
+                    (f"multi_s0_mix_t0.6_{tag}", "configs/multiturn.py",
                      ["--config.seed=0", "--config.sampler.temperature=0.6", "--config.total_steps=60",
                       "--config.evaluation.in_training_first=False", "--config.time_budget_eval_s=130",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
-                      "--config.evaluation.in_training_splits=('train',)"])],
+                      "--config.evaluation.in_training_splits=('train',)"]) for tag in ("more", "more2")],
 }
 # The evidence runs before the seventh session (2026-12-02) sampled at the default temperature of the time, 0.9
 # (now 0.6, configs/multiturn.py): pinned so that their commands still reproduce them.
@@ -198,7 +199,7 @@ SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o
 STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s0_t0.6_lr2e-5",
               "multi_s0_t0.6_max60": "multi_s0_t0.6_lr2e-5", "multi_s0_t0.6_max90": "multi_s0_t0.6_lr2e-5",
               "multi_s0_plain_kinds_t0.6_max": "multi_s0_plain_kinds_t0.6",
-              "multi_s0_mix_t0.6_more": "multi_s0_mix_t0.6"}
+              "multi_s0_mix_t0.6_more": "multi_s0_mix_t0.6", "multi_s0_mix_t0.6_more2": "multi_s0_mix_t0.6"}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
