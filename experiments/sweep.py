@@ -194,6 +194,13 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
 SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o for o in overrides)
                        else ["--config.sampler.temperature=0.9", *overrides])
                       for name, config, overrides in SWEEPS["evidence"]]
+# The default warm start's corpus was export_corpus.KINDS with quote reasoning until the eleventh session
+# (2026-12-03); pinned in the runs that do not set them, so that their commands still reproduce them.
+_OLD_CORPUS = {"--config.sft.corpus_kinds=": "--config.sft.corpus_kinds=" + repr(export_corpus.KINDS),
+               "--config.sft.corpus_reasoning=": "--config.sft.corpus_reasoning=quote"}
+SWEEPS["evidence"] = [(name, config, [pin for key, pin in _OLD_CORPUS.items()
+                                      if not any(o.startswith(key) for o in overrides)] + overrides)
+                      for name, config, overrides in SWEEPS["evidence"]]
 # Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
 # it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.
 STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s0_t0.6_lr2e-5",

@@ -115,3 +115,50 @@ def test_step0_from_another_run_and_pinned_temperature(tmp_path):
   sweep.collect("evidence", str(tmp_path), last=1)
   md = open(root / "summary.md").read()
   assert "| multi_s0_t0.6_20 | train | 30 | 0 (multi_s0_t0.6) -> 20 | 0.500 -> 0.600 (+20%) |" in md
+
+
+def test_evidence_commands_reproduce_the_recorded_runs(tmp_path):
+  """Every recorded evidence run (experiments/results/*/evidence/<run>/config.json) is what its command gives
+  today: seed, sampling temperature and warm-start corpus (the defaults changed after some were run: pinned)."""
+  recorded = {}
+  for folder in sorted(os.listdir(os.path.join(ROOT, "experiments", "results"))):
+    ev = os.path.join(ROOT, "experiments", "results", folder, "evidence")
+    for name in (os.listdir(ev) if os.path.isdir(ev) else []):
+      if os.path.isfile(os.path.join(ev, name, "config.json")):
+        with open(os.path.join(ev, name, "config.json"), encoding="utf-8") as f:
+          recorded[name] = json.load(f)
+  argv = dict(sweep.commands("evidence", str(tmp_path), []))
+  runs = sorted(set(recorded) & set(argv))
+  assert len(runs) >= 20 and "multi_s0_mix_t0.6" in runs and "multi_s0" in runs
+  got = {r: _fields(argv[r][3:], ("seed", "sampler.temperature", "sft.corpus_kinds", "sft.corpus_reasoning"))
+         for r in runs}
+  old_kinds = ["single", "fix_wrong", "speed_up", "fix_then_speed_up"]  # The defaults before 2026-12-03.
+  for r in runs:
+    c = recorded[r]
+    want = [c["seed"], c["sampler"]["temperature"], list(c["sft"].get("corpus_kinds", old_kinds)),
+            c["sft"].get("corpus_reasoning", "quote")]
+    assert got[r] == want, r
+
+
+def _fields(args: list[str], names) -> list:
+  """The named fields of the config that `--config=FILE[:ARG] --config.a.b=V ...` gives (values parsed as
+  literals where the field is not a string; test_every_sweep_command_parses_as_a_config runs the real parser)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  path, _, arg = args[0].removeprefix("--config=").partition(":")
+  c = importlib.import_module(path.removesuffix(".py").replace("/", ".")).get_config(arg)
+  for a in args[1:]:
+    if a.startswith("--config."):
+      key, _, value = a.removeprefix("--config.").partition("=")
+      *parents, leaf = key.split(".")
+      node = c
+      for p in parents:
+        node = node[p]
+      node[leaf] = value if isinstance(node[leaf], str) else type(node[leaf])(ast.literal_eval(value))
+  out = []
+  for n in names:
+    node = c
+    for p in n.split("."):
+      node = node[p]
+    out.append(list(node) if isinstance(node, tuple) else node)
+  return out

@@ -4,7 +4,8 @@
 
 One JSON object per line (the format kevin_jax/rl/sft_data.py reads): `messages` (system + user, from
 rl/prompts.build_messages), `response` (rl/prompts.format_response: reasoning, candidate blocks, summary) and
-metadata (task_id, kind, target, attempts, level). Examples, per task:
+metadata (task_id, kind, quality, target, attempts, level). Examples, per task (the default `kinds`; the RL job's
+warm start uses every kind, ALL_KINDS, with plain reasoning: configs/multiturn.py sft.corpus_kinds):
 
   single            turn 1: the task alone -> a correct solution (naive and optimized)
   fix_wrong         turn 2: a known-wrong variant + its evaluator feedback -> the optimized solution
@@ -55,7 +56,7 @@ from kevin_jax.rl import prompts
 from kevin_jax.rl import rollout
 
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_results.json")
-KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # The default corpus.
+KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # This CLI's default (the job's until 2026-12-03).
 LATER_TURN_KINDS = ("retry_format", "keep_fast", "fast_then_format", "format_twice")  # Opt-in (docstring).
 WRONG_TARGET_KINDS = ("first_wrong",)  # Opt-in (docstring): the only examples whose target is a wrong kernel.
 ALL_KINDS = KINDS + LATER_TURN_KINDS + WRONG_TARGET_KINDS
