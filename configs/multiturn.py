@@ -169,6 +169,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluation.max_tasks = 0  # Evaluate at most this many tasks of the split (0 = all).
   c.evaluation.trajectories = 16  # Parallel trajectories per task, k in best@k [P Table 1: 16].
   c.evaluation.turns = 8  # Refinement turns per trajectory [P Table 1: 8 at test time].
+  c.evaluation.temperature = -1.0  # Sampling temperature of every evaluation (in-training and mode=evaluate);
+  #   -1 = sampler.temperature (the rollouts'), 0 = greedy. Lets RL rollouts sample hotter than the evaluations.
   c.evaluation.budgets = ((16, 8), (32, 4), (128, 1))  # (trajectories, turns) at a fixed kernel budget [P Table 2].
   c.evaluation.beam = False  # Also run the blog's beam search (keep best, clone, continue).
   c.evaluation.beam_width = 4  # Trajectories kept per round [blog: best 4 of 16].

@@ -33,6 +33,7 @@ class EvalSettings:
   beam_turns_per_round: int
   max_context_tokens: int
   feedback_max_chars: int
+  temperature: float | None = None  # Sampling temperature of the evaluation (None = the sampler's default).
 
   @classmethod
   def from_config(cls, config) -> "EvalSettings":
@@ -42,7 +43,8 @@ class EvalSettings:
                beam_clones=e.beam_clones, beam_rounds=e.beam_rounds,
                beam_turns_per_round=e.beam_turns_per_round,
                max_context_tokens=config.rollout.max_context_tokens,
-               feedback_max_chars=config.rollout.feedback_max_chars)
+               feedback_max_chars=config.rollout.feedback_max_chars,
+               temperature=None if e.temperature < 0 else float(e.temperature))
 
   @classmethod
   def in_training(cls, config) -> "EvalSettings":
@@ -234,10 +236,11 @@ def run(config, workdir: str) -> None:
   src = config.evaluation.checkpoint or workdir
   params = runtime.load_params(src, policy)
   reward = runtime.make_reward(config, config.tasks.source)
+  settings = EvalSettings.from_config(config)
   try:
     report = run_evaluation(
-        [s.id for s in specs], sources, EvalSettings.from_config(config), seed=config.seed,
-        generate=make_generate(policy, params), reward=reward, encode_chat=policy.encode_chat,
+        [s.id for s in specs], sources, settings, seed=config.seed,
+        generate=make_generate(policy, params, settings.temperature), reward=reward, encode_chat=policy.encode_chat,
         out_dir=os.path.join(workdir, "eval"))
   finally:
     if hasattr(reward, "close"):

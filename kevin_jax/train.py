@@ -51,10 +51,13 @@ def step_seed(seed: int, step: int) -> int:
   return int(jax.random.randint(jax.random.fold_in(jax.random.key(seed), step), (), 0, 2**31 - 1))
 
 
-def make_generate(policy: runtime.Policy, params):
-  """The rollout's generate callable over the current parameters (jit arguments: no copy, no recompile)."""
+def make_generate(policy: runtime.Policy, params, temperature: float | None = None):
+  """The rollout's generate callable over the current parameters (jit arguments: no copy, no recompile), sampling
+  at `temperature` (None = the sampler's default, sampler.temperature, which the learner's log-probs assume)."""
+  kw = {} if temperature is None else {"temperature": temperature}
+
   def generate(prompt_ids, seed):
-    out = policy.sampler.generate(params, prompt_ids, seed=seed)
+    out = policy.sampler.generate(params, prompt_ids, seed=seed, **kw)
     # The learner's convention for old log-probs is the sampled (tempered) distribution.
     return ro.Generation(out.tokens, out.text, out.sampling_logprobs, out.finish_reason)
   return generate
@@ -131,7 +134,8 @@ class InTrainingEval:
     for i, (split, (ids, sources)) in enumerate(self.splits.items()):
       summary, turns = evaluate.evaluate_policy(
           ids, sources, self.settings, seed=1_000_003 * (self.config.seed + 1) + i,
-          generate=make_generate(self.policy, params), reward=reward, encode_chat=self.policy.encode_chat)
+          generate=make_generate(self.policy, params, self.settings.temperature), reward=reward,
+          encode_chat=self.policy.encode_chat)
       _save_turns(self.workdir, step, turns, subdir="eval_rollouts", suffix=f"_{split}")
       out.update({f"{split}/{k}": v for k, v in summary.items()})
       k = self.settings.trajectories

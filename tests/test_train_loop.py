@@ -145,6 +145,31 @@ def test_in_training_eval_before_after_and_resume(tmp_path, monkeypatch):
         assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
 
 
+def test_evaluation_temperature_is_separate_from_the_rollouts(tmp_path):
+  """evaluation.temperature = 0: the in-training evaluations sample greedily (a task's trajectories give the same
+  first response) while the RL rollouts still sample at sampler.temperature (they differ)."""
+  def run(temperature, name):
+    c = _config(total_steps=1)
+    c.evaluation.in_training_splits = ("train",)
+    c.evaluation.in_training_trajectories = 3
+    c.evaluation.in_training_turns = 1
+    c.evaluation.in_training_max_tasks = 2
+    c.evaluation.temperature = temperature
+    train.run(c, str(tmp_path / name))
+    evals = [json.loads(l) for l in open(tmp_path / name / "eval_rollouts" / "step_000000_train.jsonl")]
+    rollouts = [json.loads(l) for l in open(tmp_path / name / "rollouts" / "step_000001.jsonl")]
+    first = lambda rows: {tid: {r["response"] for r in rows if r["task_id"] == tid and r["turn"] == 0}
+                          for tid in {r["task_id"] for r in rows}}
+    return first(evals), first(rollouts), c.sampler.temperature
+
+  greedy, rl, t = run(0.0, "greedy")
+  assert t > 0 and len(greedy) == 2 and all(len(v) == 1 for v in greedy.values())
+  assert all(len(v) > 1 for v in rl.values())
+  sampled, rl_again, _ = run(-1.0, "default")  # -1: the evaluations sample at sampler.temperature too.
+  assert all(len(v) > 1 for v in sampled.values())
+  assert rl_again == rl  # The same seed: the rollouts do not depend on the evaluation's temperature.
+
+
 def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
   """evaluation.in_training_first=False: no step-0 evaluation; the periodic and closing ones still run."""
   c = _config(total_steps=3)
