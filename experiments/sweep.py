@@ -189,17 +189,13 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
                       "--config.evaluation.in_training_splits=('train',)"]) for tag in ("more", "more2")],
 }
-# The evidence runs before the seventh session (2026-12-02) sampled at the default temperature of the time, 0.9
-# (now 0.6, configs/multiturn.py): pinned so that their commands still reproduce them.
-SWEEPS["evidence"] = [(name, config, overrides if any("sampler.temperature" in o for o in overrides)
-                       else ["--config.sampler.temperature=0.9", *overrides])
-                      for name, config, overrides in SWEEPS["evidence"]]
-# The default warm start's corpus was export_corpus.KINDS with quote reasoning until the eleventh session
-# (2026-12-03); pinned in the runs that do not set them, so that their commands still reproduce them.
-_OLD_CORPUS = {"--config.sft.corpus_kinds=": "--config.sft.corpus_kinds=" + repr(export_corpus.KINDS),
-               "--config.sft.corpus_reasoning=": "--config.sft.corpus_reasoning=quote"}
-SWEEPS["evidence"] = [(name, config, [pin for key, pin in _OLD_CORPUS.items()
-                                      if not any(o.startswith(key) for o in overrides)] + overrides)
+# Defaults that changed after some evidence runs were recorded, pinned in the runs that do not set them so that
+# their commands still reproduce them: the sampling temperature was 0.9 before the seventh session (2026-12-02; now
+# 0.6), and the warm start's corpus export_corpus.KINDS with quote reasoning before the eleventh (2026-12-03).
+_PINNED = {"sampler.temperature": "0.9", "sft.corpus_kinds": repr(export_corpus.KINDS),
+           "sft.corpus_reasoning": "quote"}
+SWEEPS["evidence"] = [(name, config, [f"--config.{key}={value}" for key, value in _PINNED.items()
+                                      if not any(o.startswith(f"--config.{key}=") for o in overrides)] + overrides)
                       for name, config, overrides in SWEEPS["evidence"]]
 # Runs that skip their step-0 evaluation (evaluation.in_training_first=False) -> the run whose step 0 stands in for
 # it: the same seed, starting weights and sampling temperature, so the same evaluation sampling seed and prompts.

@@ -54,10 +54,8 @@ def step_seed(seed: int, step: int) -> int:
 def make_generate(policy: runtime.Policy, params, temperature: float | None = None):
   """The rollout's generate callable over the current parameters (jit arguments: no copy, no recompile), sampling
   at `temperature` (None = the sampler's default, sampler.temperature, which the learner's log-probs assume)."""
-  kw = {} if temperature is None else {"temperature": temperature}
-
   def generate(prompt_ids, seed):
-    out = policy.sampler.generate(params, prompt_ids, seed=seed, **kw)
+    out = policy.sampler.generate(params, prompt_ids, seed=seed, temperature=temperature)
     # The learner's convention for old log-probs is the sampled (tempered) distribution.
     return ro.Generation(out.tokens, out.text, out.sampling_logprobs, out.finish_reason)
   return generate
