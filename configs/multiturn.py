@@ -194,7 +194,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   corpus (kevin_jax/data/export_corpus.py: single-turn + feedback episodes if data/suite_results.json exists).
   c.sft.corpus_kinds = ("single", "fix_wrong", "speed_up", "fix_then_speed_up", "retry_format", "keep_fast",
                         "fast_then_format", "format_twice", "first_wrong")  # Example kinds of the bundled corpus
-  #   (export_corpus.ALL_KINDS, the "mixture" warm start): turn 1 -> naive, optimized or a known-wrong variant
+  #   (export_corpus.FIRST_TURN_MIXTURE, the "mixture" warm start): turn 1 -> naive, optimized or a known-wrong variant
   #   (single, first_wrong); after feedback -> the optimized solution (fix_wrong, speed_up, fix_then_speed_up);
   #   the later-turn prompts rollouts produce after a format error or the fast solution (retry_format, keep_fast,
   #   fast_then_format, format_twice). Until 2026-12-03 the default was the first four with quote reasoning

@@ -39,6 +39,7 @@ from kevin_jax.data import export_corpus  # pylint: disable=wrong-import-positio
 
 # The "every kind" corpus of the tenth session: every kind whose target is a correct kernel.
 EVERY_CORRECT_KIND = export_corpus.KINDS + export_corpus.LATER_TURN_KINDS
+MIX2_KINDS = export_corpus.FIRST_TURN_MIXTURE + export_corpus.LATER_MIXTURE_KINDS  # Twelfth session's warm start.
 SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, config, overrides)]
     "aggregation": [(f"{mode}_g{gamma}", "configs/multiturn.py",
                      [f"--config.rl.gamma={gamma}", f"--config.rl.return_mode={mode}"])
@@ -175,7 +176,7 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     # KEEP=sw/evidence/<run>/hf returns the trained policy for a continuation).
                     (f"multi_s{seed}_mix_t0.6", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sft.corpus_reasoning=plain",
-                      "--config.sft.corpus_kinds=" + repr(export_corpus.ALL_KINDS),
+                      "--config.sft.corpus_kinds=" + repr(export_corpus.FIRST_TURN_MIXTURE),
                       "--config.sampler.temperature=0.6", "--config.total_steps=40",
                       "--config.time_budget_eval_s=130", "--config.evaluator.run_timeout_s=20",
                       "--config.evaluator.ref_timing=cached", "--config.evaluation.in_training_splits=('train',)"])
@@ -187,7 +188,19 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                      ["--config.seed=0", "--config.sampler.temperature=0.6", "--config.total_steps=60",
                       "--config.evaluation.in_training_first=False", "--config.time_budget_eval_s=130",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
-                      "--config.evaluation.in_training_splits=('train',)"]) for tag in ("more", "more2")],
+                      "--config.evaluation.in_training_splits=('train',)"]) for tag in ("more", "more2")]
+                + [  # 2026-12-03 (twelfth session): the mixture warm start with later turns mixed as well
+                    # (export_corpus.LATER_MIXTURE_KINDS: after a slow or wrong kernel, half the targets do not act on
+                    # the feedback), then the same RL; continued twice from the previous call's hf/ (runs/mix2_s<seed>_hf,
+                    # then runs/mix2_more_s<seed>_hf) with a fresh optimizer, as multi_s0_mix_t0.6 was.
+                    (f"multi_s{seed}_mix2_t0.6{tag}", "configs/multiturn.py",
+                     [f"--config.seed={seed}", "--config.sft.corpus_reasoning=plain",
+                      "--config.sft.corpus_kinds=" + repr(MIX2_KINDS),
+                      "--config.sampler.temperature=0.6", f"--config.total_steps={60 if tag else 40}",
+                      f"--config.evaluation.in_training_first={not tag}", "--config.time_budget_eval_s=130",
+                      "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
+                      "--config.evaluation.in_training_splits=('train',)"])
+                    for seed in (0, 1) for tag in ("", "_more", "_more2")],
 }
 # Defaults that changed after some evidence runs were recorded, pinned in the runs that do not set them so that
 # their commands still reproduce them: the sampling temperature was 0.9 before the seventh session (2026-12-02; now
@@ -202,7 +215,9 @@ SWEEPS["evidence"] = [(name, config, [f"--config.{key}={value}" for key, value i
 STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s0_t0.6_lr2e-5",
               "multi_s0_t0.6_max60": "multi_s0_t0.6_lr2e-5", "multi_s0_t0.6_max90": "multi_s0_t0.6_lr2e-5",
               "multi_s0_plain_kinds_t0.6_max": "multi_s0_plain_kinds_t0.6",
-              "multi_s0_mix_t0.6_more": "multi_s0_mix_t0.6", "multi_s0_mix_t0.6_more2": "multi_s0_mix_t0.6"}
+              "multi_s0_mix_t0.6_more": "multi_s0_mix_t0.6", "multi_s0_mix_t0.6_more2": "multi_s0_mix_t0.6",
+              **{f"multi_s{seed}_mix2_t0.6{tag}": f"multi_s{seed}_mix2_t0.6" for seed in (0, 1)
+                 for tag in ("_more", "_more2")}}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),

@@ -43,7 +43,7 @@ def test_embedded_default_sizes():
   assert c.sampler.temperature == 0.6  # The paper's 0.9 derails the memorising small policy (README "Results").
   # The mixture warm start (README "Results", eleventh session): every corpus kind, plain later-turn reasoning.
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
-  assert tuple(c.sft.corpus_kinds) == export_corpus.ALL_KINDS and c.sft.corpus_reasoning == "plain"
+  assert tuple(c.sft.corpus_kinds) == export_corpus.FIRST_TURN_MIXTURE and c.sft.corpus_reasoning == "plain"
 
 
 def test_sections_present():

@@ -157,6 +157,45 @@ def test_first_wrong_makes_the_first_turn_a_mixture(tmp_path, results_file):
   assert "first_wrong" not in export_corpus.KINDS  # Opt-in.
 
 
+def test_later_mixture_pairs_every_acted_on_feedback_with_one_that_is_not(tmp_path, results_file):
+  """Opt-in slow_again / wrong_again: the prompts of speed_up / fix_wrong (the same attempt and feedback), but the
+  naive solution again or the task's next known-wrong variant, so turn 2 mixes acting and not acting 1 : 1."""
+  path, _ = results_file
+  out = str(tmp_path / "corpus.jsonl")
+  kinds = ("speed_up", "slow_again", "fix_wrong", "wrong_again")
+  counts = export_corpus.export(out, path, levels=[1], kinds=kinds, reasoning="plain")
+  recs = _records(out)
+  assert counts["slow_again"] == counts["speed_up"] == 3 and counts["wrong_again"] == counts["fix_wrong"] == 7
+  by_task = {t.id: t for t in suite.load_suite([1])}
+  for acted, idle in (("speed_up", "slow_again"), ("fix_wrong", "wrong_again")):
+    pairs = {(r["task_id"], tuple(r["attempts"])): r for r in recs if r["kind"] == acted}
+    for r in (r for r in recs if r["kind"] == idle):
+      twin = pairs.pop((r["task_id"], tuple(r["attempts"])))
+      assert r["messages"] == twin["messages"] and r["turn"] == twin["turn"] == 2 and twin["target"] == "optimized"
+      target = {c.name: c for c in by_task[r["task_id"]].candidates()}[r["target"]]
+      parsed = prompts.parse_response(r["response"])
+      assert parsed.error == "" and parsed.candidate_text == target.text and parsed.summary == target.summary
+      assert prompts.opens_as_expected(parsed.reasoning)
+      if idle == "slow_again":
+        assert r["target"] == "naive" and r["quality"] == "correct" and "I keep it:" in parsed.reasoning
+      else:
+        assert target.kind == "variant" and r["quality"] == "wrong" and "the last kernel was wrong" in parsed.reasoning
+    assert not pairs  # One each.
+  # Each labelled variant is followed by another one (a cycle over ReLU's three), or by itself when it is the only
+  # one (Argmax: its other variant's recorded status is not its label).
+  moves = [(r["attempts"][0], r["target"]) for r in recs if r["kind"] == "wrong_again" and "ReLU" in r["task_id"]]
+  assert len(moves) == 3 and {a for a, _ in moves} == {t for _, t in moves} and all(a != t for a, t in moves)
+  moves = [(r["attempts"][0], r["target"]) for r in recs if r["kind"] == "wrong_again" and "Argmax" in r["task_id"]]
+  assert moves == [("wrong_int32_out", "wrong_int32_out")]
+  # Quote style: the same records, the previous timings quoted.
+  quote = str(tmp_path / "quote.jsonl")
+  assert export_corpus.export(quote, path, levels=[1], kinds=kinds) == counts
+  slow = [r for r in _records(quote) if r["kind"] == "slow_again"]
+  assert all("ms for PyTorch (0.50x)" in r["response"] and "I keep it:" in r["response"] for r in slow)
+  # Without them (the eleventh session's corpus) the records are exactly what they were.
+  assert not set(export_corpus.LATER_MIXTURE_KINDS) & set(export_corpus.FIRST_TURN_MIXTURE)
+
+
 def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
   """reasoning='plain': the same prompts and targets as the default style, but later-turn reasoning built from the
   task and the previous outcome's kind only: no feedback line, timing or variant bug in it, so every fix of one

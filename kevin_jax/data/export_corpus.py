@@ -25,6 +25,12 @@ Opt-in kind for a first turn that is a genuine mixture (issue 8: "correct-slow, 
                     (the task, then the variant's plan), one example per variant whose recorded status is its
                     label; with `single` the first turn is then naive : optimized : wrong = 1 : 1 : (2 or 3)
                     per task. `fix_wrong` and `fix_then_speed_up` teach what follows it.
+Opt-in kinds for later turns that are a genuine mixture as well (issue 8): without them every later-turn target
+is the optimized solution, so the warm start already acts on feedback as well as it can, and RL has only the first
+turn left to improve. Each pairs 1 : 1 with the kind that acts on the same feedback:
+  slow_again        turn 2: the naive solution + its feedback -> the naive solution again (with `speed_up`)
+  wrong_again       turn 2: a known-wrong variant + its feedback -> the next known-wrong variant of the task (itself
+                    when it is the only one) (with `fix_wrong`)
 The format-error attempt is built by the rollout's own code (prompts.parse_response, rollout.format_error_result)
 from a response cut inside its reasoning: its prompt is the one a rollout shows after any such response, whatever
 text preceded the cut.
@@ -58,8 +64,10 @@ from kevin_jax.rl import rollout
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_results.json")
 KINDS = ("single", "fix_wrong", "speed_up", "fix_then_speed_up")  # This CLI's default (the job's until 2026-12-03).
 LATER_TURN_KINDS = ("retry_format", "keep_fast", "fast_then_format", "format_twice")  # Opt-in (docstring).
-WRONG_TARGET_KINDS = ("first_wrong",)  # Opt-in (docstring): the only examples whose target is a wrong kernel.
-ALL_KINDS = KINDS + LATER_TURN_KINDS + WRONG_TARGET_KINDS
+WRONG_TARGET_KINDS = ("first_wrong",)  # Opt-in (docstring): a wrong kernel as the first turn's target.
+FIRST_TURN_MIXTURE = KINDS + LATER_TURN_KINDS + WRONG_TARGET_KINDS  # The job's warm start 2026-12-03 (11th session).
+LATER_MIXTURE_KINDS = ("slow_again", "wrong_again")  # Opt-in (docstring): feedback not acted on.
+ALL_KINDS = FIRST_TURN_MIXTURE + LATER_MIXTURE_KINDS
 REASONING_STYLES = ("quote", "plain")  # Module docstring.
 
 
@@ -108,10 +116,10 @@ def reasoning_fix(meta: dict, wrong: suite.SuiteCandidate, feedback: str, target
           f"New version: {_sentence(target.summary)}")
 
 
-def reasoning_speed(meta: dict, slow: dict, target: suite.SuiteCandidate) -> str:
+def reasoning_speed(meta: dict, slow: dict, target: suite.SuiteCandidate, plan: str = "To go faster") -> str:
   return (f"Okay, the previous kernel was correct but took {slow['cand_time_ms']:.3g} ms against "
           f"{slow['ref_time_ms']:.3g} ms for PyTorch ({slow['speedup']:.2f}x). The task: "
-          f"{_sentence(meta['description'])} To go faster: {_sentence(target.summary)}")
+          f"{_sentence(meta['description'])} {plan}: {_sentence(target.summary)}")
 
 
 def reasoning_retry(meta: dict, feedback: str, target: suite.SuiteCandidate) -> str:
@@ -124,13 +132,14 @@ def reasoning_keep(meta: dict, fast: dict, target: suite.SuiteCandidate) -> str:
           f"have. The task: {_sentence(meta['description'])} I keep it: {_sentence(target.summary)}")
 
 
-def reasoning_plain(meta: dict, outcome: str, target: suite.SuiteCandidate) -> str:
-  """The `plain` style's later-turn reasoning: the previous attempt's kind of outcome, the task, the plan."""
-  opening, plan = {"wrong": ("the last kernel was wrong", "New version"),
+def reasoning_plain(meta: dict, outcome: str, target: suite.SuiteCandidate, plan: str = "") -> str:
+  """The `plain` style's later-turn reasoning: the previous attempt's kind of outcome, the task, the plan (its
+  label: the outcome's usual one unless given)."""
+  opening, usual = {"wrong": ("the last kernel was wrong", "New version"),
                    "slow": ("the last kernel was correct but slower than it can be", "To go faster"),
                    "fast": ("the last kernel was correct and the fastest design I have", "I keep it"),
                    "no_kernel": ("the last attempt gave no kernel", "Plan")}[outcome]
-  return f"Okay, {opening}. The task: {_sentence(meta['description'])} {plan}: {_sentence(target.summary)}"
+  return f"Okay, {opening}. The task: {_sentence(meta['description'])} {plan or usual}: {_sentence(target.summary)}"
 
 
 def format_error_attempt(target: suite.SuiteCandidate, reasoning: str) -> prompts.Attempt:
@@ -209,15 +218,24 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
   speed = (reasoning_plain(meta, "slow", opt) if plain else reasoning_speed(meta, naive_res, opt)) if faster else ""
   if faster:
     out.append(_record(task, "speed_up", [naive_att], ["naive"], speed, opt))
+    stay = (reasoning_plain(meta, "slow", naive, plan="I keep it") if plain
+            else reasoning_speed(meta, naive_res, naive, plan="I keep it"))
+    out.append(_record(task, "slow_again", [naive_att], ["naive"], stay, naive))
+  wrongs = []  # (variant, its attempt, its recorded result) for the variants whose recorded status is their label.
   for c in cands.values():
     if c.kind != "variant":
       continue
     wrong_att, wrong_res = attempt(c)
-    if wrong_att is None:
-      continue
+    if wrong_att is not None:
+      wrongs.append((c, wrong_att, wrong_res))
+  for i, (c, wrong_att, wrong_res) in enumerate(wrongs):
     out.append(_record(task, "first_wrong", [], [], reasoning_single(meta, c), c))
     fix = reasoning_plain(meta, "wrong", opt) if plain else reasoning_fix(meta, c, wrong_res["feedback"], opt)
     out.append(_record(task, "fix_wrong", [wrong_att], [c.name], fix, opt))
+    again = wrongs[(i + 1) % len(wrongs)][0]  # The next known-wrong variant (itself when it is the only one).
+    fix_again = (reasoning_plain(meta, "wrong", again) if plain
+                 else reasoning_fix(meta, c, wrong_res["feedback"], again))
+    out.append(_record(task, "wrong_again", [wrong_att], [c.name], fix_again, again))
     if faster:
       out.append(_record(task, "fix_then_speed_up", [wrong_att, naive_att], [c.name, "naive"], speed, opt))
   return out, notes
