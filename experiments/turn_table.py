@@ -1,0 +1,112 @@
+"""Per-turn view of an evaluation's rollouts: what each turn wrote, and what it did with the previous turn's feedback.
+
+  python experiments/turn_table.py <run>/eval_rollouts_step0_train.jsonl.gz [<run2>/eval_rollouts_step21_train...]
+
+For each file (an in-training evaluation's turns, kevin_jax/train.py; or a training step's rollouts/*.jsonl):
+  per turn     turns, mean score, correct, format errors, and the designs written: the bundled suite candidate whose
+               ```cuda and ```plan blocks the response's match (optimized, naive, wrong = any known-wrong variant),
+               novel (parses, matches none) or malformed (experiments/sample_diversity.classify);
+  after        for turns 2+, by the previous turn's outcome (naive: it wrote the naive design and it was correct;
+               wrong: its kernel was not correct; optimized: it wrote the optimized design and it was correct), how
+               many of the next turns wrote the optimized design, repeated the previous design (any known-wrong
+               variant counts as the design "wrong"), or wrote a correct kernel: whether the policy acts on the
+               feedback.
+No GPU, no policy: reads the recorded responses and results only.
+"""
+import argparse
+import collections
+import gzip
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
+import sample_diversity  # pylint: disable=g-import-not-at-top
+
+DESIGNS = ("optimized", "naive", "wrong", "novel", "malformed")
+OUTCOMES = ("naive", "wrong", "optimized")
+
+
+def read_turns(path: str) -> list[dict]:
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt", encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def design_of(row: dict, designs: dict[str, dict[str, str]]) -> str:
+  _, name = sample_diversity.classify(row["response"], designs.get(row["task_id"], {}))
+  return "wrong" if name.startswith("wrong") else name
+
+
+def outcome_of(row: dict, design: str) -> str | None:
+  """The previous turn's outcome as the next turn's choice depends on it (module docstring); None = other."""
+  status = row["result"]["status"]
+  if status != "correct":
+    return "wrong" if design not in ("malformed",) and status != "format_error" else None
+  return design if design in ("naive", "optimized") else None
+
+
+def table(rows: list[dict], designs: dict[str, dict[str, str]]) -> dict:
+  """{"turns": {turn: {n, score, correct, format_errors, designs}}, "after": {outcome: {n, optimized, same,
+  correct}}} of one evaluation's (or step's) rows."""
+  per_turn: dict[int, dict] = {}
+  after = {o: collections.Counter() for o in OUTCOMES}
+  trajectories = collections.defaultdict(list)
+  for r in rows:
+    trajectories[(r["task_id"], int(r["traj"]))].append(r)
+  for turns in trajectories.values():
+    turns.sort(key=lambda r: int(r["turn"]))
+    prev = None
+    for r in turns:
+      d = design_of(r, designs)
+      t = per_turn.setdefault(int(r["turn"]) + 1, {"n": 0, "score": 0.0, "correct": 0, "format_errors": 0,
+                                                   "designs": collections.Counter()})
+      status = r["result"]["status"]
+      t["n"] += 1
+      t["score"] += float(r["result"].get("score") or 0.0)
+      t["correct"] += status == "correct"
+      t["format_errors"] += status == "format_error"
+      t["designs"][d] += 1
+      if prev is not None and (o := outcome_of(*prev)) is not None:
+        after[o]["n"] += 1
+        after[o]["optimized"] += d == "optimized"
+        after[o]["same"] += d == prev[1] and d not in ("novel", "malformed")
+        after[o]["correct"] += status == "correct"
+      prev = (r, d)
+  for t in per_turn.values():
+    t["score"] /= t["n"]
+    t["designs"] = {k: t["designs"].get(k, 0) for k in DESIGNS}
+  return {"turns": dict(sorted(per_turn.items())), "after": {o: dict(c) for o, c in after.items()}}
+
+
+def suite_designs() -> dict[str, dict[str, str]]:
+  return {t.id: {sample_diversity.candidate_key(c.text): c.name for c in t.candidates()} for t in suite.load_suite()}
+
+
+def render(name: str, tab: dict) -> str:
+  lines = [f"## {name}", "", "| turn | n | score mean | correct | format errors | " + " / ".join(DESIGNS) + " |",
+           "|---|---|---|---|---|---|"]
+  for turn, t in tab["turns"].items():
+    lines.append(f"| {turn} | {t['n']} | {t['score']:.3f} | {t['correct']} | {t['format_errors']} | "
+                 + " / ".join(str(t["designs"][k]) for k in DESIGNS) + " |")
+  lines += ["", "| previous turn | next turns | wrote optimized | repeated the design | correct |", "|---|---|---|---|---|"]
+  for o, c in tab["after"].items():
+    lines.append(f"| {o} | {c.get('n', 0)} | {c.get('optimized', 0)} | {c.get('same', 0)} | {c.get('correct', 0)} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("paths", nargs="+", help="eval_rollouts_*.jsonl(.gz) or rollouts/step_*.jsonl files")
+  a = ap.parse_args(argv)
+  designs = suite_designs()
+  for p in a.paths:
+    print(render(p, table(read_turns(p), designs)) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
