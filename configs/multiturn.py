@@ -193,12 +193,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.corpus = ""  # JSONL, one {"messages": [...], "response": "..."} per line; '' = the bundled suite's
   #   corpus (kevin_jax/data/export_corpus.py: single-turn + feedback episodes if data/suite_results.json exists).
   c.sft.corpus_kinds = ("single", "fix_wrong", "speed_up", "fix_then_speed_up", "retry_format", "keep_fast",
-                        "fast_then_format", "format_twice", "first_wrong")  # Example kinds of the bundled corpus
-  #   (export_corpus.FIRST_TURN_MIXTURE, the "mixture" warm start): turn 1 -> naive, optimized or a known-wrong variant
-  #   (single, first_wrong); after feedback -> the optimized solution (fix_wrong, speed_up, fix_then_speed_up);
-  #   the later-turn prompts rollouts produce after a format error or the fast solution (retry_format, keep_fast,
-  #   fast_then_format, format_twice). Until 2026-12-03 the default was the first four with quote reasoning
-  #   (export_corpus.KINDS): its later turns derailed (README "Results").
+                        "fast_then_format", "format_twice", "first_wrong", "slow_again",
+                        "wrong_again")  # Example kinds of the bundled corpus (export_corpus.ALL_KINDS, the
+  #   "mixture" warm start): turn 1 -> naive, optimized or a known-wrong variant (single, first_wrong); after
+  #   feedback -> the optimized solution (fix_wrong, speed_up, fix_then_speed_up) or, as often, not acting on it
+  #   (slow_again: naive again; wrong_again: another wrong variant); the later-turn prompts rollouts produce after a
+  #   format error or the fast solution (retry_format, keep_fast, fast_then_format, format_twice). Until 2026-12-03
+  #   the default was the first four with quote reasoning (export_corpus.KINDS): its later turns derailed; then,
+  #   for a day, all but slow_again and wrong_again (export_corpus.FIRST_TURN_MIXTURE) (README "Results").
   c.sft.corpus_reasoning = "plain"  # Later-turn reasoning of the bundled corpus: plain (only the kind of outcome,
   #   the task and the plan) | quote (the previous feedback's text and timings; export_corpus.py docstring).
   c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).

@@ -41,9 +41,9 @@ def test_embedded_default_sizes():
   assert (c.rollout.tasks_per_step, c.rollout.trajectories, c.rollout.turns, c.total_steps) == (2, 16, 4, 20)
   assert c.policy.preset == "small" and c.optimizer.learning_rate == 1e-5 and not c.rl.scan_layers
   assert c.sampler.temperature == 0.6  # The paper's 0.9 derails the memorising small policy (README "Results").
-  # The mixture warm start (README "Results", eleventh session): every corpus kind, plain later-turn reasoning.
+  # The mixture warm start (README "Results", twelfth session): every corpus kind, plain later-turn reasoning.
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
-  assert tuple(c.sft.corpus_kinds) == export_corpus.FIRST_TURN_MIXTURE and c.sft.corpus_reasoning == "plain"
+  assert tuple(c.sft.corpus_kinds) == export_corpus.ALL_KINDS and c.sft.corpus_reasoning == "plain"
 
 
 def test_sections_present():
