@@ -191,8 +191,8 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluation.in_training_splits=('train',)"]) for tag in ("more", "more2")]
                 + [  # 2026-12-03 (twelfth session): the mixture warm start with later turns mixed as well
                     # (export_corpus.LATER_MIXTURE_KINDS: after a slow or wrong kernel, half the targets do not act on
-                    # the feedback), then the same RL; continued twice from the previous call's hf/ (runs/mix2_s<seed>_hf,
-                    # then runs/mix2_more_s<seed>_hf) with a fresh optimizer, as multi_s0_mix_t0.6 was.
+                    # the feedback), then the same RL; _more and _more2 continue from the previous call's hf/
+                    # (carried as runs/mix2_s<seed>_hf, then runs/mix2_more_s<seed>_hf) with a fresh optimizer.
                     (f"multi_s{seed}_mix2_t0.6{tag}", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sft.corpus_reasoning=plain",
                       "--config.sft.corpus_kinds=" + repr(MIX2_KINDS),

@@ -92,7 +92,8 @@ def render(name: str, tab: dict) -> str:
   for turn, t in tab["turns"].items():
     lines.append(f"| {turn} | {t['n']} | {t['score']:.3f} | {t['correct']} | {t['format_errors']} | "
                  + " / ".join(str(t["designs"][k]) for k in DESIGNS) + " |")
-  lines += ["", "| previous turn | next turns | wrote optimized | repeated the design | correct |", "|---|---|---|---|---|"]
+  lines += ["", "| previous turn | next turns | wrote optimized | repeated the design | correct |",
+            "|---|---|---|---|---|"]
   for o, c in tab["after"].items():
     lines.append(f"| {o} | {c.get('n', 0)} | {c.get('optimized', 0)} | {c.get('same', 0)} | {c.get('correct', 0)} |")
   return "\n".join(lines)

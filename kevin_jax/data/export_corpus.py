@@ -136,9 +136,9 @@ def reasoning_plain(meta: dict, outcome: str, target: suite.SuiteCandidate, plan
   """The `plain` style's later-turn reasoning: the previous attempt's kind of outcome, the task, the plan (its
   label: the outcome's usual one unless given)."""
   opening, usual = {"wrong": ("the last kernel was wrong", "New version"),
-                   "slow": ("the last kernel was correct but slower than it can be", "To go faster"),
-                   "fast": ("the last kernel was correct and the fastest design I have", "I keep it"),
-                   "no_kernel": ("the last attempt gave no kernel", "Plan")}[outcome]
+                    "slow": ("the last kernel was correct but slower than it can be", "To go faster"),
+                    "fast": ("the last kernel was correct and the fastest design I have", "I keep it"),
+                    "no_kernel": ("the last attempt gave no kernel", "Plan")}[outcome]
   return f"Okay, {opening}. The task: {_sentence(meta['description'])} {plan or usual}: {_sentence(target.summary)}"
 
 
