@@ -23,8 +23,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.mode = "train"  # Which job main.py runs: train | evaluate | sft.
   c.seed = 0  # Root PRNG seed: parameters, sampling, task order.
   c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
-  c.total_steps = 20  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. The default run
-  #   (warm start, 20 steps, before/after evaluations) took ~9 min on one H200 at temperature 0.9 (BENCHMARKS.md).
+  c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. The mixture warm
+  #   start gained +34 % in 28 steps (README "Results"); the whole run (warm start, 30 steps, before/after
+  #   evaluations of both splits) is estimated at ~15 min on one H200 from its parts (BENCHMARKS.md). 20 until
+  #   2026-12-03.
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
   c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is
@@ -98,7 +100,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.optimizer.name = "adamw"  # adamw (paper) | sgd (heavy-ball momentum b1; b2, eps unused): an ablation
   #   (rl/optimizer.py; on the CPU toy no better than Adam at a similar distance moved).
   c.optimizer.learning_rate = 1e-5  # Peak LR, constant after warmup. Paper: 2e-6 for QwQ-32B [P §1], set by the
-  #   `paper` preset; the embedded 28M policy gets 20 steps x 2 updates, where 2e-6 would barely move it.
+  #   `paper` preset; the embedded 28M policy gets 30 steps x 2 updates, where 2e-6 would barely move it.
   c.optimizer.warmup_ratio = 0.03  # Fraction of total optimizer steps spent warming up linearly [P §1].
   c.optimizer.b1 = 0.9  # Adam beta1.
   c.optimizer.b2 = 0.999  # Adam beta2.

@@ -38,7 +38,7 @@ def test_paper_defaults():
 def test_embedded_default_sizes():
   """The default job: the paper's per-task group (16 x 4) on 2 tasks per step, sized for one GPU."""
   c = multiturn.get_config()
-  assert (c.rollout.tasks_per_step, c.rollout.trajectories, c.rollout.turns, c.total_steps) == (2, 16, 4, 20)
+  assert (c.rollout.tasks_per_step, c.rollout.trajectories, c.rollout.turns, c.total_steps) == (2, 16, 4, 30)
   assert c.policy.preset == "small" and c.optimizer.learning_rate == 1e-5 and not c.rl.scan_layers
   assert c.sampler.temperature == 0.6  # The paper's 0.9 derails the memorising small policy (README "Results").
   # The mixture warm start (README "Results", twelfth session): every corpus kind, plain later-turn reasoning.

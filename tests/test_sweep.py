@@ -119,7 +119,8 @@ def test_step0_from_another_run_and_pinned_temperature(tmp_path):
 
 def test_evidence_commands_reproduce_the_recorded_runs(tmp_path):
   """Every recorded evidence run (experiments/results/*/evidence/<run>/config.json) is what its command gives
-  today: seed, sampling temperature and warm-start corpus (the defaults changed after some were run: pinned)."""
+  today: seed, sampling temperature, warm-start corpus and RL steps (the defaults changed after some were run:
+  pinned)."""
   recorded = {}
   for folder in sorted(os.listdir(os.path.join(ROOT, "experiments", "results"))):
     ev = os.path.join(ROOT, "experiments", "results", folder, "evidence")
@@ -130,13 +131,13 @@ def test_evidence_commands_reproduce_the_recorded_runs(tmp_path):
   argv = dict(sweep.commands("evidence", str(tmp_path), []))
   runs = sorted(set(recorded) & set(argv))
   assert len(runs) >= 20 and "multi_s0_mix_t0.6" in runs and "multi_s0" in runs
-  got = {r: _fields(argv[r][3:], ("seed", "sampler.temperature", "sft.corpus_kinds", "sft.corpus_reasoning"))
-         for r in runs}
+  got = {r: _fields(argv[r][3:], ("seed", "sampler.temperature", "sft.corpus_kinds", "sft.corpus_reasoning",
+                                   "total_steps")) for r in runs}
   old_kinds = ["single", "fix_wrong", "speed_up", "fix_then_speed_up"]  # The defaults before 2026-12-03.
   for r in runs:
     c = recorded[r]
     want = [c["seed"], c["sampler"]["temperature"], list(c["sft"].get("corpus_kinds", old_kinds)),
-            c["sft"].get("corpus_reasoning", "quote")]
+            c["sft"].get("corpus_reasoning", "quote"), c["total_steps"]]
     assert got[r] == want, r
 
 
