@@ -40,6 +40,11 @@ def candidate_key(text: str) -> str | None:
   return " ".join(c.cuda_source.split()) + " | " + " ".join(c.plan_text.split())
 
 
+def suite_designs() -> dict[str, dict[str, str]]:
+  """task id -> {candidate_key: candidate name} over the bundled suite: what `classify` matches against."""
+  return {t.id: {candidate_key(c.text): c.name for c in t.candidates()} for t in suite.load_suite()}
+
+
 def classify(response: str, designs: dict[str, str]) -> tuple[bool, str]:
   """(well formed, design name | 'novel' | 'malformed') of one response; designs: candidate_key -> name."""
   parsed = prompts.parse_response(response)
@@ -88,9 +93,8 @@ def main(argv=None) -> int:
   specs, sources = runtime.load_tasks(config, "train")
   ids = [s.id for s in specs]
   task_ids = ids[::max(1, len(ids) // args.tasks)][:args.tasks] if args.tasks else ids  # Spread over the split.
-  by_id = {t.id: t for t in suite.load_suite()}
-  designs = {tid: {candidate_key(c.text): c.name for c in by_id[tid].candidates()} if tid in by_id else {}
-             for tid in task_ids}
+  bundled = suite_designs()
+  designs = {tid: bundled.get(tid, {}) for tid in task_ids}
   prompt_ids = [policy.encode_chat(prompts.build_messages(sources[tid])) for tid in task_ids]
 
   report = {"checkpoint": args.checkpoint, "tasks": task_ids, "samples": args.samples, "by_temperature": {}}

@@ -23,7 +23,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
 import sample_diversity  # pylint: disable=g-import-not-at-top
 
 DESIGNS = ("optimized", "naive", "wrong", "novel", "malformed")
@@ -45,7 +44,7 @@ def outcome_of(row: dict, design: str) -> str | None:
   """The previous turn's outcome as the next turn's choice depends on it (module docstring); None = other."""
   status = row["result"]["status"]
   if status != "correct":
-    return "wrong" if design not in ("malformed",) and status != "format_error" else None
+    return "wrong" if design != "malformed" and status != "format_error" else None
   return design if design in ("naive", "optimized") else None
 
 
@@ -82,10 +81,6 @@ def table(rows: list[dict], designs: dict[str, dict[str, str]]) -> dict:
   return {"turns": dict(sorted(per_turn.items())), "after": {o: dict(c) for o, c in after.items()}}
 
 
-def suite_designs() -> dict[str, dict[str, str]]:
-  return {t.id: {sample_diversity.candidate_key(c.text): c.name for c in t.candidates()} for t in suite.load_suite()}
-
-
 def render(name: str, tab: dict) -> str:
   lines = [f"## {name}", "", "| turn | n | score mean | correct | format errors | " + " / ".join(DESIGNS) + " |",
            "|---|---|---|---|---|---|"]
@@ -103,7 +98,7 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("paths", nargs="+", help="eval_rollouts_*.jsonl(.gz) or rollouts/step_*.jsonl files")
   a = ap.parse_args(argv)
-  designs = suite_designs()
+  designs = sample_diversity.suite_designs()
   for p in a.paths:
     print(render(p, table(read_turns(p), designs)) + "\n")
   return 0

@@ -6,6 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 
+import sample_diversity  # pylint: disable=g-import-not-at-top,wrong-import-position
 import turn_table  # pylint: disable=g-import-not-at-top,wrong-import-position
 from kevin_jax.kernels import suite  # pylint: disable=wrong-import-position
 from kevin_jax.rl import prompts  # pylint: disable=wrong-import-position
@@ -31,7 +32,7 @@ def test_turns_and_what_followed_each_outcome(tmp_path):
   path = tmp_path / "eval.jsonl.gz"
   with gzip.open(path, "wt") as f:
     f.write("".join(json.dumps(r) + "\n" for r in rows))
-  tab = turn_table.table(turn_table.read_turns(str(path)), turn_table.suite_designs())
+  tab = turn_table.table(turn_table.read_turns(str(path)), sample_diversity.suite_designs())
   t1, t2, t3 = (tab["turns"][k] for k in (1, 2, 3))
   assert t1 == {"n": 3, "score": 1.6 / 3, "correct": 2, "format_errors": 0,
                 "designs": {"optimized": 0, "naive": 2, "wrong": 1, "novel": 0, "malformed": 0}}
