@@ -193,11 +193,14 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                     # (export_corpus.LATER_MIXTURE_KINDS: after a slow or wrong kernel, half the targets do not act on
                     # the feedback), then the same RL; _more and _more2 continue from the previous call's hf/
                     # (carried as runs/mix2_s<seed>_hf, then runs/mix2_more_s<seed>_hf) with a fresh optimizer.
+                    # The evaluation estimate is 200 s since the thirteenth session: a continuation measures none
+                    # before its closing one, and on that session's machine evaluations took 153-198 s, so with 130
+                    # the closing evaluation of multi_s1_mix2_t0.6_more overran its 10-minute call and was lost.
                     (f"multi_s{seed}_mix2_t0.6{tag}", "configs/multiturn.py",
                      [f"--config.seed={seed}", "--config.sft.corpus_reasoning=plain",
                       "--config.sft.corpus_kinds=" + repr(MIX2_KINDS),
                       "--config.sampler.temperature=0.6", f"--config.total_steps={60 if tag else 40}",
-                      f"--config.evaluation.in_training_first={not tag}", "--config.time_budget_eval_s=130",
+                      f"--config.evaluation.in_training_first={not tag}", "--config.time_budget_eval_s=200",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
                       "--config.evaluation.in_training_splits=('train',)"])
                     for seed in (0, 1) for tag in ("", "_more", "_more2")],
