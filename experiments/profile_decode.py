@@ -31,7 +31,6 @@ from flax import nnx  # pylint: disable=wrong-import-position
 
 from experiments import xla_profile  # pylint: disable=wrong-import-position
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
-from kevin_jax.policy import model as model_lib  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_attention import SlotRanges, decode_attention  # pylint: disable=wrong-import-position
 from kevin_jax.policy.model import Qwen2, _decode_attend  # pylint: disable=wrong-import-position
 from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=wrong-import-position
@@ -81,8 +80,7 @@ def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
 
 
 def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np,
-                    reduce_chunks: int = 32, q_pad: str = "rope") -> dict:
-  model_lib.PAD_QUERIES_BEFORE_ROPE = q_pad == "rope"  # Read when the sampler's step is traced (below).
+                    reduce_chunks: int = 32) -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
                    decode_attention=impl)
@@ -98,19 +96,18 @@ def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir:
   sampler.generate(model, prompts, seed=1, **kw)
   st = sampler.last_stats
   tok_s = b * st["decode_steps"] / st["decode_s"]
-  tag = f"{impl}_b{b}_r{reduce_chunks}_q{q_pad}"
   table = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw).tokens,
-                                      os.path.join(out_dir, f"trace_{tag}"))
+                                      os.path.join(out_dir, f"trace_{impl}_b{b}_r{reduce_chunks}"))
   steps = st["decode_steps"]  # Every call runs new - 1 decode steps (no EOS ids).
   prefill = xla_profile.profile_kernels(lambda: sampler.generate(model, prompts, seed=2, **kw1).tokens,
-                                        os.path.join(out_dir, f"trace_{tag}_prefill"))
+                                        os.path.join(out_dir, f"trace_{impl}_b{b}_r{reduce_chunks}_prefill"))
   decode = decode_only(table["by_class_ms"], prefill["by_class_ms"], steps)
-  print(f"[gen] {impl} B={b} reduce_chunks={reduce_chunks} q_pad={q_pad}: decode {tok_s:,.0f} tok/s "
+  print(f"[gen] {impl} B={b} reduce_chunks={reduce_chunks}: decode {tok_s:,.0f} tok/s "
         f"({st['decode_s'] / steps * 1e3:.3f} ms/step)", flush=True)
   print(xla_profile.format_table(table, 15), flush=True)
   print(f"prefill-only call: device busy {prefill['busy_ms']:.2f} ms; decode device ms/step by class: " +
         ", ".join(f"{k} {v:.3f}" for k, v in sorted(decode.items(), key=lambda kv: -kv[1])), flush=True)
-  return {"impl": impl, "batch": b, "reduce_chunks": reduce_chunks, "q_pad": q_pad, "decode_tok_s": tok_s,
+  return {"impl": impl, "batch": b, "reduce_chunks": reduce_chunks, "decode_tok_s": tok_s,
           "ms_per_step": st["decode_s"] / steps * 1e3,
           "per_step_ms_by_class": {k: v / (steps + 1) for k, v in table["by_class_ms"].items()},
           "decode_ms_per_step_by_class": decode, "prefill_ms_by_class": prefill["by_class_ms"],
@@ -130,12 +127,8 @@ def main():
   ap.add_argument("--reps", type=int, default=200)
   ap.add_argument("--reduce-chunks", default="32", help="SamplerConfig.reduce_chunks values to trace, in turn "
                   "(e.g. 32,1: the sampling step's two-stage row reductions vs XLA's one-stage ones)")
-  ap.add_argument("--q-pad", default="rope", help="where Pallas decode attention's query rows are padded, in "
-                  "turn (e.g. rope,kernel: before RoPE, fused into it, vs in decode_attention)")
   ap.add_argument("--no-attention", action="store_true", help="skip the decode-attention microbenchmark")
   a = ap.parse_args()
-  if set(a.q_pad.split(",")) - {"rope", "kernel"}:
-    ap.error(f"--q-pad takes rope and/or kernel, got {a.q_pad!r}")
   os.makedirs(a.out, exist_ok=True)
   batches = [int(x) for x in a.batches.split(",")]
   cfg = get_preset(MODELS[a.model])
@@ -149,14 +142,13 @@ def main():
                           abstract)
   for b in batches:
     for impl in a.impls.split(","):
-      for chunks, q_pad in ((int(c), q) for c in a.reduce_chunks.split(",") for q in a.q_pad.split(",")):
+      for chunks in (int(x) for x in a.reduce_chunks.split(",")):
         try:
           res["generate"].append(traced_generate(MODELS[a.model], impl, b, a.prompt_len, a.new_tokens, a.out,
-                                                 state_np, chunks, q_pad))
+                                                 state_np, chunks))
         except Exception as e:  # pylint: disable=broad-except
-          print(f"[gen] {impl} B={b} reduce_chunks={chunks} q_pad={q_pad}: FAILED {type(e).__name__}: "
-                f"{str(e)[:800]}", flush=True)
-          res["generate"].append({"impl": impl, "batch": b, "reduce_chunks": chunks, "q_pad": q_pad,
+          print(f"[gen] {impl} B={b} reduce_chunks={chunks}: FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
+          res["generate"].append({"impl": impl, "batch": b, "reduce_chunks": chunks,
                                   "error": f"{type(e).__name__}: {str(e)[:800]}"})
   with open(os.path.join(a.out, "results.json"), "w") as f:
     json.dump(res, f, indent=1)
@@ -167,12 +159,11 @@ def main():
         else f"{k} FAILED" for k, v in r.items() if isinstance(v, dict)))
   for g in res["generate"]:
     if "error" in g:
-      print(f"  generate {g['impl']} B={g['batch']} reduce_chunks={g['reduce_chunks']} q_pad={g['q_pad']}: FAILED "
-            f"{g['error'][:200]}")
+      print(f"  generate {g['impl']} B={g['batch']} reduce_chunks={g['reduce_chunks']}: FAILED {g['error'][:200]}")
     else:
       cls = ", ".join(f"{k} {v:.3f}" for k, v in sorted(g["decode_ms_per_step_by_class"].items(),
                                                         key=lambda kv: -kv[1]))
-      print(f"  generate {g['impl']} B={g['batch']} reduce_chunks={g['reduce_chunks']} q_pad={g['q_pad']}: "
+      print(f"  generate {g['impl']} B={g['batch']} reduce_chunks={g['reduce_chunks']}: "
             f"{g['decode_tok_s']:,.0f} tok/s, "
             f"{g['ms_per_step']:.3f} ms/step; "
             f"decode device ms/step by class (prefill-only call subtracted): {cls}")

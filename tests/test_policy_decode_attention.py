@@ -7,8 +7,7 @@ import pytest
 from flax import nnx
 
 from kevin_jax.policy import Qwen2, get_preset
-from kevin_jax.policy import model as model_lib
-from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, padded_groups, supported
+from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, supported
 from kevin_jax.policy.model import _decode_attend
 from kevin_jax.policy.sampler import Sampler, SamplerConfig
 
@@ -53,27 +52,8 @@ def test_shape_rules():
     decode_attention(q, kc, vc, SlotRanges(jnp.array([1, 2, 3]), jnp.array(1), 100), interpret=True)
 
 
-def test_queries_padded_by_the_caller():
-  """q already padded with zero rows to padded_groups(G) (num_queries=G): the same G rows as unpadded q."""
-  q, kc, vc, s = _case(jnp.float32)
-  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(65), gen_start=128)
-  assert padded_groups(7) == 16 and padded_groups(16) == 16 and padded_groups(20) == 32
-  qp = jnp.pad(q, ((0, 0), (0, 0), (0, 9), (0, 0)))
-  got = decode_attention(qp, kc, vc, ranges, num_queries=7, interpret=True)
-  assert got.shape == q.shape
-  want = decode_attention(q, kc, vc, ranges, interpret=True)
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-  np.testing.assert_allclose(np.asarray(got), np.asarray(_decode_attend(q, kc, vc, ranges.mask(s), True)),
-                             rtol=1e-5, atol=1e-5)
-  with pytest.raises(ValueError, match="pad to 16"):
-    decode_attention(q, kc, vc, ranges, num_queries=5, interpret=True)
-
-
-@pytest.mark.parametrize("pad_before_rope", [True, False])
-def test_sampler_same_tokens_with_the_kernel(monkeypatch, pad_before_rope):
-  """Greedy decoding of a random small-shaped model (G = 2 query heads per KV head): the Pallas path (interpret),
-  with the queries padded before RoPE or inside decode_attention, and the XLA path agree."""
-  monkeypatch.setattr(model_lib, "PAD_QUERIES_BEFORE_ROPE", pad_before_rope)
+def test_sampler_same_tokens_with_the_kernel():
+  """Greedy decoding of a random small-shaped model: the Pallas path (interpret) and the XLA path agree."""
   outs = {}
   for impl in ("xla", "interpret"):
     cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", head_dim=16, decode_attention=impl)

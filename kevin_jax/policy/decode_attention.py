@@ -108,23 +108,11 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
   l_ref[...] = l
 
 
-def padded_groups(g: int) -> int:
-  """The query rows per KV head the kernel computes with: G rounded up to a multiple of 16 (matmul tiles)."""
-  return max(16, -(-g // 16) * 16)
-
-
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret", "num_queries"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = BLOCK_K, num_splits: int = 0, interpret: bool = False,
-                     num_queries: int | None = None) -> Array:
-  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
-
-  `num_queries` = G' < G says that only q's first G' rows per KV head are queries and the rest zero padding
-  (G == padded_groups(G')): a caller that pads q where it is computed spares the kernel's own pad. The result is
-  then [B, K, G', H]."""
+                     block_k: int = BLOCK_K, num_splits: int = 0, interpret: bool = False) -> Array:
+  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype."""
   b, kh, g, h = q_BxKxGxH.shape
-  if num_queries is not None and g != padded_groups(num_queries):
-    raise ValueError(f"q has {g} rows per KV head; {num_queries} queries pad to {padded_groups(num_queries)}")
   s = k_BxKxSxH.shape[2]
   if not supported(s, ranges.gen_start, h, block_k):
     raise ValueError(f"decode_attention needs S ({s}) and gen_start ({ranges.gen_start}) multiples of "
@@ -133,9 +121,8 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   if (s // block_k) % splits:
     raise ValueError(f"{splits} splits do not divide {s // block_k} blocks")
   split_len = s // splits
-  gp = padded_groups(g)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
+  gp = max(16, -(-g // 16) * 16)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
   q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - g), (0, 0)))
-  g = g if num_queries is None else num_queries
   kernel = functools.partial(_kernel, gen_start=ranges.gen_start, split_len=split_len, block_k=block_k,
                              scale=h ** -0.5)
   o, m, l = pl.pallas_call(

@@ -160,35 +160,21 @@ def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed
   return o_BxKxGxH.astype(q_BxKxGxH.dtype)
 
 
-# Pallas decode attention: pad each KV head's query rows to the kernel's multiple of 16 before RoPE, so that the
-# pad fuses into the RoPE kernel instead of running as its own (False: decode_attention pads; A/B in
-# experiments/profile_decode.py --q-pad).
-PAD_QUERIES_BEFORE_ROPE = True
-
-
-def _decode_impl(cfg: ModelConfig, visible: Array | SlotRanges, num_slots: int) -> str:
-  """The decode attention that cfg.decode_attention resolves to for this cache: pallas, interpret or xla."""
+def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
+                           visible: Array | SlotRanges) -> Array:
+  """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges."""
+  s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
   if isinstance(visible, SlotRanges):
     if impl == "auto":
-      fits = decode_attention.supported(num_slots, visible.gen_start, cfg.head_dim)
+      fits = decode_attention.supported(s, visible.gen_start, h)
       impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+    if impl in ("pallas", "interpret"):
+      return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible,
+                                               interpret=impl == "interpret")
+    visible = visible.mask(s)
   elif impl in ("pallas", "interpret"):
     raise ValueError(f"decode_attention={impl!r} needs the cache visibility as SlotRanges, not a mask")
-  return impl
-
-
-def _decode_step_attention(cfg: ModelConfig, impl: str, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
-                           visible: Array | SlotRanges) -> Array:
-  """Decode attention by `impl` (_decode_impl); `visible` is a [B, S] mask or the sampler's SlotRanges. q may
-  carry zero padding rows past cfg.num_groups per KV head (Pallas only); the result has cfg.num_groups."""
-  if impl in ("pallas", "interpret"):
-    g = q_BxKxGxH.shape[2]
-    return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible,
-                                             interpret=impl == "interpret",
-                                             num_queries=None if g == cfg.num_groups else cfg.num_groups)
-  if isinstance(visible, SlotRanges):
-    visible = visible.mask(k_BxKxSxH.shape[2])
   return _decode_attend(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, cfg.fp32_upcast)
 
 
@@ -243,21 +229,10 @@ class Attention(nnx.Module):
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
     k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
     v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]
-    decode_impl = None
-    if cache_kv is not None and t == 1:
-      if cache_kv[3] is None:
-        raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
-      decode_impl = _decode_impl(cfg, cache_kv[3], cache_kv[0].shape[2])
-    kh, g, h = cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
-    gp = decode_attention.padded_groups(g)
-    if decode_impl in ("pallas", "interpret") and PAD_QUERIES_BEFORE_ROPE and gp != g:
-      # Zero rows stay zero under RoPE (a rotation); the pad fuses into the RoPE kernel.
-      q_BxTxKxGxH = jnp.pad(q_BxTxNxH.reshape(b, t, kh, g, h), ((0, 0), (0, 0), (0, 0), (0, gp - g), (0, 0)))
-      q_BxTxNxH = q_BxTxKxGxH.reshape(b, t, kh * gp, h)
     cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
     q_BxTxNxH = apply_rope(q_BxTxNxH, cos, sin, cfg.fp32_upcast)
     k_BxTxKxH = apply_rope(k_BxTxKxH, cos, sin, cfg.fp32_upcast)
-    q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, kh, -1, h)  # G rows per KV head, or gp when padded above.
+    q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
 
     new_kv = None
     if cache_kv is not None:
@@ -269,9 +244,10 @@ class Attention(nnx.Module):
           cv_BxKxSxH, v_BxTxKxH.transpose(0, 2, 1, 3).astype(cv_BxKxSxH.dtype), start)
       new_kv = (ck_BxKxSxH, cv_BxKxSxH)
 
-    if decode_impl is not None:
-      o_BxTxKxGxH = _decode_step_attention(cfg, decode_impl, q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1],
-                                           cache_mask_BxS)[:, None]
+    if cache_kv is not None and t == 1:
+      if cache_mask_BxS is None:
+        raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
+      o_BxTxKxGxH = _decode_step_attention(cfg, q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS)[:, None]
     else:
       o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
     o_BxTxNxH = o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
