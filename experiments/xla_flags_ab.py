@@ -57,7 +57,8 @@ def table(rows: list[dict]) -> str:
   for r in rows:
     flags = f"`{r['flags']}`" if r["flags"] else "(defaults)"
     if "decode_tok_s" not in r:
-      lines.append(f"| {flags} | {r.get('batch', '')} | failed: {r['error']} | | |" + " |" * len(CLASSES))
+      error = r["error"].replace("|", "\\|")  # run_setting joins the log's last lines with " | ".
+      lines.append(f"| {flags} | {r.get('batch', '')} | failed: {error} | | |" + " |" * len(CLASSES))
       continue
     by = r.get("decode_ms_per_step_by_class", {})
     lines.append(f"| {flags} | {r['batch']} | {r['decode_tok_s']:,.0f} | {r['decode_tok_s'] / base:.3f} | "

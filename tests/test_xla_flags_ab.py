@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -13,12 +14,15 @@ def test_table_gives_each_setting_its_ratio_to_the_first():
            "decode_ms_per_step_by_class": {"matmul": 0.7, "fusion": 0.45, "attention": 0.35}},
           {"flags": "--xla_a=true", "batch": 64, "decode_tok_s": 44000.0, "ms_per_step": 1.45,
            "decode_ms_per_step_by_class": {"matmul": 0.6}},
-          {"flags": "--xla_b=1", "error": "rc=1: Unknown flag"}]
+          {"flags": "--xla_b=1", "error": "rc=1: Unknown flag"},
+          {"flags": "--xla_c=1", "error": "rc=-6: line one | line two"}]
   lines = xla_flags_ab.table(rows).splitlines()
   assert lines[2] == "| (defaults) | 64 | 40,000 | 1.000 | 1.600 | 0.700 | 0.450 | 0.350 |"
   assert lines[3] == "| `--xla_a=true` | 64 | 44,000 | 1.100 | 1.450 | 0.600 | 0.000 | 0.000 |"
   assert lines[4].startswith("| `--xla_b=1` |  | failed: rc=1: Unknown flag |")
-  assert all(line.count("|") == lines[0].count("|") for line in lines)
+  assert lines[5].startswith("| `--xla_c=1` |  | failed: rc=-6: line one \\| line two |")
+  columns = [len(re.findall(r"(?<!\\)\|", line)) for line in lines]  # Markdown separators: unescaped pipes.
+  assert columns == [columns[0]] * len(lines)
 
 
 def test_each_setting_runs_in_its_own_process_and_a_rejected_flag_fails_alone(tmp_path):
