@@ -191,8 +191,9 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       "--config.evaluation.in_training_splits=('train',)"]) for tag in ("more", "more2")]
                 + [  # 2026-12-03 (twelfth session): the mixture warm start with later turns mixed as well
                     # (export_corpus.LATER_MIXTURE_KINDS: after a slow or wrong kernel, half the targets do not act on
-                    # the feedback), then the same RL; _more and _more2 continue from the previous call's hf/
-                    # (carried as runs/mix2_s<seed>_hf, then runs/mix2_more_s<seed>_hf) with a fresh optimizer.
+                    # the feedback), then the same RL; _more, _more2 and _more3 continue from the previous call's
+                    # hf/ (carried as runs/mix2_s<seed>_hf, runs/mix2_more_s<seed>_hf, then runs/mix2_more2_s<seed>_hf)
+                    # with a fresh optimizer.
                     # The evaluation estimate is 200 s since the thirteenth session: a continuation measures none
                     # before its closing one, and on that session's machine evaluations took 153-198 s, so with 130
                     # the closing evaluation of multi_s1_mix2_t0.6_more overran its 10-minute call and was lost.
@@ -203,7 +204,7 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                       f"--config.evaluation.in_training_first={not tag}", "--config.time_budget_eval_s=200",
                       "--config.evaluator.run_timeout_s=20", "--config.evaluator.ref_timing=cached",
                       "--config.evaluation.in_training_splits=('train',)"])
-                    for seed in (0, 1) for tag in ("", "_more", "_more2")],
+                    for seed in (0, 1) for tag in ("", "_more", "_more2", "_more3")],
 }
 # Defaults that changed after some evidence runs were recorded, pinned in the runs that do not set them so that
 # their commands still reproduce them: the sampling temperature was 0.9 before the seventh session (2026-12-02; now
@@ -221,7 +222,7 @@ STEP0_FROM = {"multi_s0_t0.6_20": "multi_s0_t0.6", "multi_s0_t0.6_max": "multi_s
               "multi_s0_plain_kinds_t0.6_max": "multi_s0_plain_kinds_t0.6",
               "multi_s0_mix_t0.6_more": "multi_s0_mix_t0.6", "multi_s0_mix_t0.6_more2": "multi_s0_mix_t0.6",
               **{f"multi_s{seed}_mix2_t0.6{tag}": f"multi_s{seed}_mix2_t0.6" for seed in (0, 1)
-                 for tag in ("_more", "_more2")}}
+                 for tag in ("_more", "_more2", "_more3")}}
 METRICS = ("reward/mean", "correct/rate", "speedup/mean_correct")
 CURVES = (("reward/mean", "reward/mean (kernel score per turn-sample)"),  # Per-step panels of curves.png.
           ("correct/rate", "correct/rate (share of correct kernels)"),
