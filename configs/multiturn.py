@@ -245,7 +245,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.checkpoint.every_steps = 5  # Save every k RL steps (and always at the last step).
   c.checkpoint.keep = 3  # Keep the last K checkpoints.
   c.checkpoint.export_hf = True  # After the last RL step, also write workdir/hf (HF safetensors + tokenizer): the
-  #   trained policy for transformers or for --config.init_from / evaluation.checkpoint of another run.
+  #   trained policy for transformers or for --config.init_from / evaluation.checkpoint of another run. Written
+  #   before the closing evaluation, so a job killed during it keeps the weights.
 
   # --- Logging: workdir/metrics.jsonl and TensorBoard events. ---
   c.logging = ml_collections.ConfigDict()

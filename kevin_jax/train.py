@@ -8,7 +8,8 @@ process, or a scripted reward for CPU dry runs); per-turn discounted returns and
 step (`rl.updates_per_batch` optimizer updates). Writes workdir/metrics.jsonl (+ TensorBoard),
 workdir/rollouts/step_NNNNNN.jsonl (every turn: prompt id, response, result), workdir/config.json, Orbax
 checkpoints in workdir/checkpoints, and after the last step the trained policy as a Hugging Face directory in
-workdir/hf (checkpoint.export_hf). Before step 1, every `evaluation.in_training_every` steps and after the last,
+workdir/hf (checkpoint.export_hf; written before the closing evaluation, so a job killed during that evaluation
+still leaves the trained weights). Before step 1, every `evaluation.in_training_every` steps and after the last,
 it evaluates the current policy on fixed task splits (InTrainingEval: workdir/eval_metrics.jsonl, step 0 = the
 starting policy). Rerunning with the same workdir resumes from the latest checkpoint: step,
 parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
@@ -266,14 +267,16 @@ def run(config, workdir: str) -> None:
         logging.warning("time budget (%.0f s): step %d of %d is the last; %.0f s left, another step and the "
                         "closing evaluation need ~%.0f s. Rerun in the same workdir to continue.",
                         config.time_budget_s, step, config.total_steps, left, need)
+      if step == last and config.checkpoint.export_hf:
+        # Before the closing evaluation, which can take minutes: a job killed during it (e.g. at a host's time
+        # limit) keeps the trained policy. A resumed run redoes the step and writes the export again.
+        runtime.export_hf(policy, state.params, hf_dir)
       if in_eval.due(step, last):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
         with budget.timing("eval"):
           in_eval(step, state.params, reward)
       if step % config.checkpoint.every_steps == 0 or step == last:
         ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
       if step == last:
-        if config.checkpoint.export_hf:
-          runtime.export_hf(policy, state.params, hf_dir)
         break
   finally:
     writer.close()

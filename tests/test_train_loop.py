@@ -212,6 +212,40 @@ def test_exports_the_trained_policy_as_hf_after_the_last_step(tmp_path):
   assert not (tmp_path / "off" / "hf").exists()
 
 
+def test_export_precedes_the_closing_evaluation(tmp_path, monkeypatch):
+  """A job killed during its closing evaluation still leaves the last step's policy in workdir/hf; the rerun redoes
+  the step (no checkpoint was saved), evaluates and exports the same parameters again."""
+  c = _config(total_steps=1)
+  c.evaluation.in_training_splits = ("train",)
+  c.evaluation.in_training_trajectories = 2
+  c.evaluation.in_training_turns = 1
+  c.evaluation.in_training_max_tasks = 1
+  c.evaluation.in_training_first = False
+  real_call = train.InTrainingEval.__call__
+
+  def crash_in_closing_eval(self, step, *args, **kw):
+    raise _Crash(f"simulated kill during the evaluation at step {step}")
+
+  monkeypatch.setattr(train.InTrainingEval, "__call__", crash_in_closing_eval)
+  with pytest.raises(_Crash):
+    train.run(c, str(tmp_path))
+  hf = tmp_path / "hf"
+  assert runtime.is_hf_checkpoint(str(hf))
+  assert not os.path.exists(tmp_path / "eval_metrics.jsonl")
+  policy = runtime.build_policy(c)
+  first = runtime.load_hf_params(str(hf), policy)
+  start = runtime.initial_params(c, policy, jax.random.key(c.seed))
+  assert any(not bool((a == b).all()) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(first)))
+
+  monkeypatch.setattr(train.InTrainingEval, "__call__", real_call)
+  train.run(c, str(tmp_path))
+  assert [json.loads(l)["step"] for l in open(tmp_path / "eval_metrics.jsonl")] == [1]
+  again = runtime.load_hf_params(str(hf), policy)
+  trained = runtime.restore_params(str(tmp_path), policy)
+  for a, b, t in zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(trained)):
+    assert bool((a == b).all()) and bool((b == t).all())
+
+
 def test_no_gpu_stops_before_writing(tmp_path):
   if cuda_driver.device_count():
     pytest.skip("a GPU is present")
