@@ -41,6 +41,15 @@ def _config(total_steps=2, kl_beta=0.0):
   return c
 
 
+def _with_eval(c, trajectories, turns, max_tasks, splits=("train",)):
+  """c with small in-training evaluations: max_tasks tasks per split, trajectories x turns each."""
+  c.evaluation.in_training_splits = splits
+  c.evaluation.in_training_trajectories = trajectories
+  c.evaluation.in_training_turns = turns
+  c.evaluation.in_training_max_tasks = max_tasks
+  return c
+
+
 class _Crash(RuntimeError):
   pass
 
@@ -101,12 +110,7 @@ def test_in_training_eval_before_after_and_resume(tmp_path, monkeypatch):
   """Evaluations of both splits before step 1 (step 0) and after the last step, with paired seeds: a run that
   crashes in step 2 and resumes writes the same step-0 and step-2 evaluations as an uninterrupted run, once each."""
   def config():
-    c = _config(total_steps=2)
-    c.evaluation.in_training_splits = ("train", "test")
-    c.evaluation.in_training_trajectories = 2
-    c.evaluation.in_training_turns = 2
-    c.evaluation.in_training_max_tasks = 2
-    return c
+    return _with_eval(_config(total_steps=2), trajectories=2, turns=2, max_tasks=2, splits=("train", "test"))
 
   full = tmp_path / "full"
   train.run(config(), str(full))
@@ -149,11 +153,7 @@ def test_evaluation_temperature_is_separate_from_the_rollouts(tmp_path):
   """evaluation.temperature = 0: the in-training evaluations sample greedily (a task's trajectories give the same
   first response) while the RL rollouts still sample at sampler.temperature (they differ)."""
   def run(temperature, name):
-    c = _config(total_steps=1)
-    c.evaluation.in_training_splits = ("train",)
-    c.evaluation.in_training_trajectories = 3
-    c.evaluation.in_training_turns = 1
-    c.evaluation.in_training_max_tasks = 2
+    c = _with_eval(_config(total_steps=1), trajectories=3, turns=1, max_tasks=2)
     c.evaluation.temperature = temperature
     train.run(c, str(tmp_path / name))
     evals = [json.loads(l) for l in open(tmp_path / name / "eval_rollouts" / "step_000000_train.jsonl")]
@@ -172,11 +172,7 @@ def test_evaluation_temperature_is_separate_from_the_rollouts(tmp_path):
 
 def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
   """evaluation.in_training_first=False: no step-0 evaluation; the periodic and closing ones still run."""
-  c = _config(total_steps=3)
-  c.evaluation.in_training_splits = ("train",)
-  c.evaluation.in_training_trajectories = 2
-  c.evaluation.in_training_turns = 1
-  c.evaluation.in_training_max_tasks = 1
+  c = _with_eval(_config(total_steps=3), trajectories=2, turns=1, max_tasks=1)
   c.evaluation.in_training_every = 2
   c.evaluation.in_training_first = False
   train.run(c, str(tmp_path))
@@ -215,11 +211,7 @@ def test_exports_the_trained_policy_as_hf_after_the_last_step(tmp_path):
 def test_export_precedes_the_closing_evaluation(tmp_path, monkeypatch):
   """A job killed during its closing evaluation still leaves the last step's policy in workdir/hf; the rerun redoes
   the step (no checkpoint was saved), evaluates and exports the same parameters again."""
-  c = _config(total_steps=1)
-  c.evaluation.in_training_splits = ("train",)
-  c.evaluation.in_training_trajectories = 2
-  c.evaluation.in_training_turns = 1
-  c.evaluation.in_training_max_tasks = 1
+  c = _with_eval(_config(total_steps=1), trajectories=2, turns=1, max_tasks=1)
   c.evaluation.in_training_first = False
   real_call = train.InTrainingEval.__call__
 
@@ -338,13 +330,9 @@ def test_time_budget_stops_early_then_evaluates_and_checkpoints(tmp_path, monkey
   monkeypatch.setattr(train.InTrainingEval, "__call__", slow_eval)
 
   def config(budget):
-    c = _config(total_steps=5)
+    c = _with_eval(_config(total_steps=5), trajectories=2, turns=2, max_tasks=2)
     c.time_budget_s = budget
     c.checkpoint.every_steps = 4  # Step 2 is saved only because the budget stops the run there.
-    c.evaluation.in_training_splits = ("train",)
-    c.evaluation.in_training_trajectories = 2
-    c.evaluation.in_training_turns = 2
-    c.evaluation.in_training_max_tasks = 2
     return c
 
   wd = tmp_path / "run"
