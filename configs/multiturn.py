@@ -144,7 +144,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.validate_fraction = 0.2  # Share of timed runs whose outputs are re-checked (plus first and last).
   c.evaluator.timing_graphs = "auto"  # CUDA-graph timing: auto (reference < graph_threshold_ms) | always | never.
   c.evaluator.graph_threshold_ms = 0.05  # Launch-bound cut-off for timing_graphs=auto, milliseconds.
-  c.evaluator.ref_timing = "interleaved"  # interleaved (time the reference every run) | cached (per task/GPU/torch).
+  c.evaluator.ref_timing = "cached"  # cached (time the reference once per task/GPU/torch, then only on validated
+  #   runs) | interleaved (time it in every evaluation: the evaluator library's default, and this config's until
+  #   2026-12-03). Every RL result in README "Results" since 2026-12-02 (sixth session) was measured with cached.
   c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
   c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
   c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs one job longer than a device call (10 minutes) on a warm GPU host: `start` launches it detached (setsid) from
+# a private copy of the repository, then every call (`start` included) waits for it, up to a limit, and returns
+# its log so far. The job survives the end of a call as long as the machine stays warm (the next call follows
+# within its idle window, and the machine is held under 30 minutes in all). When it has ended, the waiting call
+# packs its workdir (checkpoints and safetensors left out) into $OUT/<name>.tar.gz, and KEEP=<dir under the
+# workdir> (e.g. hf) comes back as keep.tar.part00, 01, ... of 15 MiB.
+#
+#   experiments/gpu_detached.sh start NAME WAIT_S 'command using $WORKDIR'   # launch, then wait up to WAIT_S
+#   experiments/gpu_detached.sh wait NAME WAIT_S                             # wait again (a later call)
+#
+# The command runs from /tmp/detached/NAME/src (a copy of this checkout: later calls re-send the working tree, and a
+# worker process started mid-job must not import from a tree being rewritten), with $WORKDIR = /tmp/detached/NAME/
+# work. Carried wheels in .whl/ are installed to /tmp/site first (as experiments/gpu_session.sh does).
+set -u
+mode=${1:?start or wait}; name=${2:?job name}; wait_s=${3:?seconds to wait}
+OUT=${OUT:-/tmp/out}
+base=/tmp/detached/$name
+mkdir -p "$OUT"
+if [ "$mode" = start ]; then
+  cmd=${4:?command}
+  if [ -e "$base" ]; then echo "$base exists: a job named $name was started on this machine already" >&2; exit 2; fi
+  mkdir -p "$base/src" "$base/work"
+  tar cf - --exclude=./.git --exclude=./.venv --exclude=./runs . | tar xf - -C "$base/src"
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.draw --format=csv > "$base/gpu.txt"
+  date +%s > "$base/started"
+  (cd "$base/src" && PYTHONPATH="$base/src:/tmp/site" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+     TF_CPP_MIN_LOG_LEVEL=1 WORKDIR="$base/work" \
+     setsid nohup bash -c "$cmd; echo \$? > '$base/rc'" > "$base/job.log" 2>&1 < /dev/null &)
+  echo "started $name at $(date -u +%H:%M:%S): $cmd"
+elif [ "$mode" != wait ]; then
+  echo "mode must be start or wait, got $mode" >&2; exit 2
+fi
+[ -d "$base" ] || { echo "no job named $name on this machine (a fresh machine: the job was lost)" >&2; exit 3; }
+deadline=$(( $(date +%s) + wait_s ))
+while [ ! -e "$base/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+elapsed=$(( $(date +%s) - $(cat "$base/started") ))
+cp "$base/job.log" "$base/gpu.txt" "$OUT/"
+if [ ! -e "$base/rc" ]; then
+  echo "=== $name still running after ${elapsed}s; last lines:"; tail -n 15 "$base/job.log"; exit 0
+fi
+echo "=== $name ended with rc=$(cat "$base/rc") after ${elapsed}s; last lines:"; tail -n 25 "$base/job.log"
+echo "rc=$(cat "$base/rc") elapsed_s=$elapsed" > "$OUT/status.txt"
+excl=(--exclude='*/checkpoints' --exclude='*.safetensors')
+tar czf "$OUT/$name.tar.gz" "${excl[@]}" -C "$base" work
+if [ "$(stat -c %s "$OUT/$name.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
+  echo "$name.tar.gz was over 15 MiB: packed again without the training rollouts (work/rollouts)"
+  tar czf "$OUT/$name.tar.gz" "${excl[@]}" --exclude=work/rollouts -C "$base" work
+fi
+if [ -n "${KEEP:-}" ] && [ -d "$base/work/$KEEP" ]; then
+  tar cf - -C "$base/work/$KEEP" . | split -b 15M -d -a 2 - "$OUT/keep.tar.part"
+  echo "KEEP=$KEEP returned as $(ls "$OUT"/keep.tar.part* | wc -l) parts"
+fi
+ls -la "$OUT"
