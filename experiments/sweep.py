@@ -210,9 +210,11 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
 # their commands still reproduce them: the sampling temperature was 0.9 before the seventh session (2026-12-02; now
 # 0.6), the warm start's corpus export_corpus.KINDS with quote reasoning before the eleventh (2026-12-03), and the
 # run's length 20 RL steps before the twelfth (2026-12-03; now 30), and the reference timed in every evaluation
-# (evaluator.ref_timing interleaved) before the fifteenth (2026-12-03; now cached).
+# (evaluator.ref_timing interleaved) and every candidate given all its timed runs (evaluator.timing_max_s 0) before
+# the fifteenth (2026-12-03; now cached and 0.5 s).
 _PINNED = {"sampler.temperature": "0.9", "sft.corpus_kinds": repr(export_corpus.KINDS),
-           "sft.corpus_reasoning": "quote", "total_steps": "20", "evaluator.ref_timing": "interleaved"}
+           "sft.corpus_reasoning": "quote", "total_steps": "20", "evaluator.ref_timing": "interleaved",
+           "evaluator.timing_max_s": "0.0"}
 SWEEPS["evidence"] = [(name, config, [f"--config.{key}={value}" for key, value in _PINNED.items()
                                       if not any(o.startswith(f"--config.{key}=") for o in overrides)] + overrides)
                       for name, config, overrides in SWEEPS["evidence"]]
