@@ -181,6 +181,20 @@ def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
   assert sorted(os.listdir(tmp_path / "eval_rollouts")) == ["step_000002_train.jsonl", "step_000003_train.jsonl"]
 
 
+def _assert_same_params(a_tree, b_tree):
+  """Two parameter trees hold the same leaves: as many, each of the same dtype and bit for bit equal."""
+  a_leaves, b_leaves = jax.tree.leaves(a_tree), jax.tree.leaves(b_tree)
+  assert len(a_leaves) == len(b_leaves) > 10
+  for a, b in zip(a_leaves, b_leaves):
+    assert a.dtype == b.dtype and bool((a == b).all())
+
+
+def _assert_trained_away_from_init(c, policy, params):
+  """Some leaf differs from the random initialisation RL started from (the step changed the policy)."""
+  start = runtime.initial_params(c, policy, jax.random.key(c.seed))
+  assert any(not bool((a == b).all()) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(params)))
+
+
 def test_exports_the_trained_policy_as_hf_after_the_last_step(tmp_path):
   """checkpoint.export_hf: workdir/hf holds the last step's parameters exactly; a rerun that finds the run done
   but the export missing (a crash during it) writes it again; export_hf=False writes none."""
@@ -191,12 +205,8 @@ def test_exports_the_trained_policy_as_hf_after_the_last_step(tmp_path):
   policy = runtime.build_policy(c)
   exported = runtime.load_hf_params(str(hf), policy)
   trained = runtime.restore_params(str(tmp_path / "run"), policy)
-  pairs = list(zip(jax.tree.leaves(exported), jax.tree.leaves(trained)))
-  assert len(pairs) > 10
-  for a, b in pairs:
-    assert a.dtype == b.dtype and bool((a == b).all())
-  start = runtime.initial_params(c, policy, jax.random.key(c.seed))  # The random init RL started from.
-  assert any(not bool((a == b).all()) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(trained)))
+  _assert_same_params(exported, trained)
+  _assert_trained_away_from_init(c, policy, trained)
 
   shutil.rmtree(hf)
   train.run(c, str(tmp_path / "run"))  # Nothing left to train: only the missing export is written.
@@ -226,16 +236,14 @@ def test_export_precedes_the_closing_evaluation(tmp_path, monkeypatch):
   assert not os.path.exists(tmp_path / "eval_metrics.jsonl")
   policy = runtime.build_policy(c)
   first = runtime.load_hf_params(str(hf), policy)
-  start = runtime.initial_params(c, policy, jax.random.key(c.seed))
-  assert any(not bool((a == b).all()) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(first)))
+  _assert_trained_away_from_init(c, policy, first)
 
   monkeypatch.setattr(train.InTrainingEval, "__call__", real_call)
   train.run(c, str(tmp_path))
   assert [json.loads(l)["step"] for l in open(tmp_path / "eval_metrics.jsonl")] == [1]
   again = runtime.load_hf_params(str(hf), policy)
-  trained = runtime.restore_params(str(tmp_path), policy)
-  for a, b, t in zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(trained)):
-    assert bool((a == b).all()) and bool((b == t).all())
+  _assert_same_params(first, again)
+  _assert_same_params(again, runtime.restore_params(str(tmp_path), policy))
 
 
 def test_no_gpu_stops_before_writing(tmp_path):
