@@ -9,13 +9,14 @@
 #   experiments/gpu_detached.sh start NAME WAIT_S 'command using $WORKDIR'   # launch, then wait up to WAIT_S
 #   experiments/gpu_detached.sh wait NAME WAIT_S                             # wait again (a later call)
 #
-# The command runs from /tmp/detached/NAME/src (a copy of this checkout: later calls re-send the working tree, and a
-# worker process started mid-job must not import from a tree being rewritten), with $WORKDIR = /tmp/detached/NAME/
-# work. Carried wheels in .whl/ are installed to /tmp/site first (as experiments/gpu_session.sh does).
+# The command runs from /tmp/detached/NAME/src, a copy of this checkout: later calls re-send the working tree, and
+# a worker process started mid-job must not import from a tree being rewritten. $WORKDIR is /tmp/detached/NAME/work.
+# DETACHED_ROOT replaces /tmp/detached (the tests use it). Carried wheels in .whl/ are installed to /tmp/site first
+# (as experiments/gpu_session.sh does).
 set -u
 mode=${1:?start or wait}; name=${2:?job name}; wait_s=${3:?seconds to wait}
 OUT=${OUT:-/tmp/out}
-base=/tmp/detached/$name
+base=${DETACHED_ROOT:-/tmp/detached}/$name
 mkdir -p "$OUT"
 if [ "$mode" = start ]; then
   cmd=${4:?command}
@@ -25,18 +26,20 @@ if [ "$mode" = start ]; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   fi
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.draw --format=csv > "$base/gpu.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.draw --format=csv > "$base/gpu.txt" 2>&1
   date +%s > "$base/started"
-  (cd "$base/src" && PYTHONPATH="$base/src:/tmp/site" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  # Every descriptor of the detached process points to its log or /dev/null, none to this call's output.
+  # The command runs in a bash of its own, so that its `exit N` still leaves N in $base/rc.
+  (cd "$base/src" && exec env PYTHONPATH="$base/src:/tmp/site" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
      TF_CPP_MIN_LOG_LEVEL=1 WORKDIR="$base/work" \
-     setsid nohup bash -c "$cmd; echo \$? > '$base/rc'" > "$base/job.log" 2>&1 < /dev/null &)
+     setsid nohup bash -c 'bash -c "$1"; echo $? > "$2"' _ "$cmd" "$base/rc") > "$base/job.log" 2>&1 < /dev/null &
   echo "started $name at $(date -u +%H:%M:%S): $cmd"
 elif [ "$mode" != wait ]; then
   echo "mode must be start or wait, got $mode" >&2; exit 2
 fi
 [ -d "$base" ] || { echo "no job named $name on this machine (a fresh machine: the job was lost)" >&2; exit 3; }
 deadline=$(( $(date +%s) + wait_s ))
-while [ ! -e "$base/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+while [ ! -e "$base/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 2; done
 elapsed=$(( $(date +%s) - $(cat "$base/started") ))
 cp "$base/job.log" "$base/gpu.txt" "$OUT/"
 if [ ! -e "$base/rc" ]; then
