@@ -12,8 +12,9 @@
 # The command runs from /tmp/detached/NAME/src, a copy of this checkout: later calls re-send the working tree, and
 # a worker process started mid-job must not import from a tree being rewritten. $WORKDIR is /tmp/detached/NAME/work.
 # DETACHED_ROOT replaces /tmp/detached (the tests use it). Carried wheels in .whl/ are installed to /tmp/site first
-# (as experiments/gpu_session.sh does).
+# (experiments/gpu_common.sh, shared with experiments/gpu_session.sh).
 set -u
+source "$(dirname "$0")/gpu_common.sh"
 mode=${1:?start or wait}; name=${2:?job name}; wait_s=${3:?seconds to wait}
 OUT=${OUT:-/tmp/out}
 base=${DETACHED_ROOT:-/tmp/detached}/$name
@@ -23,10 +24,8 @@ if [ "$mode" = start ]; then
   if [ -e "$base" ]; then echo "$base exists: a job named $name was started on this machine already" >&2; exit 2; fi
   mkdir -p "$base/src" "$base/work"
   tar cf - --exclude=./.git --exclude=./.venv --exclude=./runs . | tar xf - -C "$base/src"
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  fi
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.draw --format=csv > "$base/gpu.txt" 2>&1
+  install_carried_wheels
+  gpu_info > "$base/gpu.txt"
   date +%s > "$base/started"
   # Every descriptor of the detached process points to its log or /dev/null, none to this call's output.
   # The command runs in a bash of its own, so that its `exit N` still leaves N in $base/rc.
@@ -47,14 +46,6 @@ if [ ! -e "$base/rc" ]; then
 fi
 echo "=== $name ended with rc=$(cat "$base/rc") after ${elapsed}s; last lines:"; tail -n 25 "$base/job.log"
 echo "rc=$(cat "$base/rc") elapsed_s=$elapsed" > "$OUT/status.txt"
-excl=(--exclude='*/checkpoints' --exclude='*.safetensors')
-tar czf "$OUT/$name.tar.gz" "${excl[@]}" -C "$base" work
-if [ "$(stat -c %s "$OUT/$name.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
-  echo "$name.tar.gz was over 15 MiB: packed again without the training rollouts (work/rollouts)"
-  tar czf "$OUT/$name.tar.gz" "${excl[@]}" --exclude=work/rollouts -C "$base" work
-fi
-if [ -n "${KEEP:-}" ] && [ -d "$base/work/$KEEP" ]; then
-  tar cf - -C "$base/work/$KEEP" . | split -b 15M -d -a 2 - "$OUT/keep.tar.part"
-  echo "KEEP=$KEEP returned as $(ls "$OUT"/keep.tar.part* | wc -l) parts"
-fi
+pack_results "$OUT/$name.tar.gz" "$base" work/rollouts work  # Over 15 MiB: the evaluations' rollouts still come.
+if [ -n "${KEEP:-}" ]; then split_keep "$base/work/$KEEP" "$OUT/keep.tar.part"; fi
 ls -la "$OUT"

@@ -9,8 +9,8 @@ import pytest
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "gpu_detached.sh")
 
 
-def _call(args, tmp_path, out):
-  env = dict(os.environ, OUT=str(out), DETACHED_ROOT=str(tmp_path / "detached"))
+def _call(args, tmp_path, out, **env):
+  env = dict(os.environ, OUT=str(out), DETACHED_ROOT=str(tmp_path / "detached"), **env)
   return subprocess.run(["bash", SCRIPT, *args], cwd=tmp_path / "checkout", env=env, capture_output=True,
                         text=True, timeout=120)
 
@@ -35,9 +35,7 @@ def test_start_returns_while_running_and_wait_collects_the_workdir(checkout):
   assert (tmp / "detached" / "j" / "src" / "marker.txt").is_file()  # Runs from its own copy.
 
   flag.write_text("")
-  r = subprocess.run(["bash", SCRIPT, "wait", "j", "30"], cwd=tmp / "checkout", capture_output=True, text=True,
-                     env=dict(os.environ, OUT=str(tmp / "out2"), DETACHED_ROOT=str(tmp / "detached"), KEEP="hf"),
-                     timeout=120)
+  r = _call(["wait", "j", "30"], tmp, tmp / "out2", KEEP="hf")
   assert r.returncode == 0, r.stderr
   assert "ended with rc=0" in r.stdout
   assert (tmp / "out2" / "status.txt").read_text().startswith("rc=0 ")
