@@ -19,6 +19,7 @@ from typing import Any, Mapping
 _REMAT = ("none", "full", "dots")
 _ATTENTION_IMPLS = ("xla", "cudnn")
 _DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
+_DECODE_MLP = ("auto", "xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -49,6 +50,9 @@ class ModelConfig:
     decode_attention: one-token decode attention over the KV cache: 'auto' (the Pallas kernel of
       policy/decode_attention.py on a GPU when its shape rules hold, else 'xla') | 'xla' (masked einsum over
       every cache slot) | 'pallas' | 'interpret' (the Pallas kernel in interpret mode: CPU tests).
+    decode_mlp: the MLP's silu(x W_gate) * (x W_up) in a one-token decode step: 'xla' (two einsums and an
+      elementwise kernel) | 'auto' (the fused Pallas kernel of policy/decode_mlp.py on a GPU when its shape
+      rules hold, else 'xla') | 'pallas' | 'interpret' (CPU tests). Multi-token calls always use 'xla'.
   """
 
   vocab_size: int
@@ -68,6 +72,7 @@ class ModelConfig:
   remat: str = "none"
   attention_impl: str = "xla"
   decode_attention: str = "auto"
+  decode_mlp: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -88,6 +93,8 @@ class ModelConfig:
     if self.decode_attention not in _DECODE_ATTENTION:
       raise ValueError(f"ModelConfig.decode_attention must be one of {_DECODE_ATTENTION}, "
                        f"got {self.decode_attention!r}")
+    if self.decode_mlp not in _DECODE_MLP:
+      raise ValueError(f"ModelConfig.decode_mlp must be one of {_DECODE_MLP}, got {self.decode_mlp!r}")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

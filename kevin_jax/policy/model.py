@@ -68,6 +68,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kevin_jax.policy import decode_attention
+from kevin_jax.policy import decode_mlp
 from kevin_jax.policy.config import ModelConfig
 from kevin_jax.policy.decode_attention import SlotRanges
 
@@ -275,6 +276,7 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.dtype = cfg.compute_jnp_dtype
+    self.decode_impl = cfg.decode_mlp
     d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_jnp_dtype
     self.gate_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
@@ -283,6 +285,15 @@ class MLP(nnx.Module):
   def __call__(self, x_BxTxD: Array) -> Array:
     dt = self.dtype
     x = x_BxTxD.astype(dt)
+    impl = self.decode_impl
+    if x.shape[1] == 1 and impl != "xla":
+      if impl == "auto":
+        fits = decode_mlp.supported(*self.gate_kernel.shape)
+        impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+      if impl in ("pallas", "interpret"):
+        h_Bx1xF = decode_mlp.swiglu_front(x[:, 0], self.gate_kernel[...].astype(dt), self.up_kernel[...].astype(dt),
+                                          interpret=impl == "interpret")[:, None]
+        return jnp.einsum("btf,fd->btd", h_Bx1xF, self.down_kernel[...].astype(dt))
     gate_BxTxF = jnp.einsum("btd,df->btf", x, self.gate_kernel[...].astype(dt))
     up_BxTxF = jnp.einsum("btd,df->btf", x, self.up_kernel[...].astype(dt))
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, self.down_kernel[...].astype(dt))

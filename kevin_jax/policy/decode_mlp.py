@@ -1,0 +1,91 @@
+"""The front of the MLP in a decode step, silu(x @ W_gate) * (x @ W_up), as one Pallas kernel.
+
+In a decode step (one token per row) XLA runs the gate/up GEMM and the SwiGLU as two kernels: the GEMM writes
+[B, 2F] to memory and the SwiGLU kernel reads it back (BENCHMARKS.md, thirteenth session: 9.0 + 3.6 us per layer
+of the 0.5B shape at B = 64). Here program (i, j) owns rows [i*block_m, (i+1)*block_m) and columns
+[j*block_n, (j+1)*block_n) of both weight matrices: it loops over D in `block_d` slices, keeps the two fp32
+accumulators in registers, and writes silu(gate) * up once, in the input's dtype. The weights stay in their
+[D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
+matmul tiles); D must be a multiple of 16 and F of `block_n` (`supported`).
+
+Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
+compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
+compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+Array = jax.Array
+_EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
+BLOCK_N = 32  # Columns per program: F = 4,864 (0.5B) gives 152 programs, ~1 per SM of an H200.
+BLOCK_D = 128  # D per loop iteration at most (smaller powers of two for a D it does not divide, down to 16).
+BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
+
+
+def pick_block_d(hidden: int, block_d: int = BLOCK_D) -> int:
+  """The largest power of two <= block_d dividing `hidden`, or 0 if that is under 16 (matmul tiles)."""
+  bd = min(block_d, hidden & -hidden)
+  return bd if bd >= 16 else 0
+
+
+def supported(hidden: int, intermediate: int, block_n: int = BLOCK_N, block_d: int = BLOCK_D) -> bool:
+  return pick_block_d(hidden, block_d) > 0 and intermediate % block_n == 0
+
+
+def _kernel(x_ref, wg_ref, wu_ref, o_ref, *, block_d: int):
+  m, d = x_ref.shape
+  bn = wg_ref.shape[1]
+  exact = _EXACT if wg_ref.dtype == jnp.float32 else None
+
+  def body(i, carry):
+    g, u = carry
+    ks = pl.ds(pl.multiple_of(i * block_d, block_d), block_d)
+    x = x_ref[:, ks]
+    g += jax.lax.dot(x, wg_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
+    u += jax.lax.dot(x, wu_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
+    return g, u
+
+  zeros = jnp.zeros((m, bn), jnp.float32)
+  g, u = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros))
+  o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_n", "block_d", "block_m", "num_warps", "num_stages",
+                                             "interpret"))
+def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: int = BLOCK_N,
+                 block_d: int = BLOCK_D, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
+                 interpret: bool = False) -> Array:
+  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation)."""
+  b, d = x_BxD.shape
+  f = w_gate_DxF.shape[1]
+  if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
+    raise ValueError(f"weights must both be [D={d}, F], got {w_gate_DxF.shape} and {w_up_DxF.shape}")
+  if not supported(d, f, block_n, block_d):
+    raise ValueError(f"swiglu_front needs D ({d}) a multiple of 16 and F ({f}) a multiple of block_n "
+                     f"({block_n})")
+  block_d = pick_block_d(d, block_d)
+  mp = max(16, 1 << (b - 1).bit_length())  # Rows padded to a power of two >= 16.
+  bm = min(mp, block_m)
+  x = jnp.pad(x_BxD.astype(w_gate_DxF.dtype), ((0, mp - b), (0, 0)))
+  out = pl.pallas_call(
+      functools.partial(_kernel, block_d=block_d),
+      grid=(mp // bm, f // block_n),
+      in_specs=[
+          pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
+      ],
+      out_specs=pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
+      out_shape=jax.ShapeDtypeStruct((mp, f), x_BxD.dtype),
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="kevin_decode_swiglu",
+  )(x, w_gate_DxF, w_up_DxF)
+  return out[:b]

@@ -1,0 +1,90 @@
+"""The fused decode SwiGLU kernel (policy/decode_mlp.py) against the jnp expression: in interpret mode on the CPU,
+and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kevin_jax.policy import Qwen2, get_preset
+from kevin_jax.policy.decode_mlp import pick_block_d, supported, swiglu_front
+from kevin_jax.policy.sampler import Sampler, SamplerConfig
+
+
+def _case(b, d, f, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((b, d)), dtype)
+  wg = jnp.asarray(rng.standard_normal((d, f)) * d ** -0.5, dtype)
+  wu = jnp.asarray(rng.standard_normal((d, f)) * d ** -0.5, dtype)
+  return x, wg, wu
+
+
+def _reference(x, wg, wu):
+  x, wg, wu = (np.asarray(a, np.float64) for a in (x, wg, wu))
+  g = x @ wg
+  return g / (1 + np.exp(-g)) * (x @ wu)
+
+
+@pytest.mark.parametrize("b,d,f,block_m", [(1, 64, 32, 64), (5, 256, 64, 64), (64, 384, 96, 64),
+                                           (100, 128, 64, 32), (33, 48, 32, 16)])
+def test_matches_reference_fp32(b, d, f, block_m):
+  x, wg, wu = _case(b, d, f, jnp.float32)
+  got = swiglu_front(x, wg, wu, block_m=block_m, interpret=True)
+  assert got.shape == (b, f) and got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), _reference(x, wg, wu), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_rounds_once():
+  x, wg, wu = _case(16, 256, 64, jnp.bfloat16)
+  got = np.asarray(swiglu_front(x, wg, wu, interpret=True), np.float32)
+  want = _reference(x, wg, wu)
+  # One bf16 rounding of the result (8 mantissa bits: relative error <= 2^-8), fp32 accumulation before it.
+  np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-6)
+
+
+def test_shape_rules():
+  assert [pick_block_d(d) for d in (896, 1536, 64, 48, 40, 8)] == [128, 128, 64, 16, 0, 0]
+  assert supported(896, 4864) and supported(5120, 27648) and not supported(40, 64) and not supported(896, 100)
+  x, wg, wu = _case(4, 40, 64, jnp.float32)
+  with pytest.raises(ValueError, match="multiple of 16"):
+    swiglu_front(x, wg, wu, interpret=True)
+  with pytest.raises(ValueError, match="must both be"):
+    swiglu_front(x, wg, wu[:, :32], interpret=True)
+
+
+def test_sampler_same_tokens_with_the_kernel():
+  """Greedy decoding of a random tiny model: the fused front (interpret) and the XLA MLP agree."""
+  outs = {}
+  for impl in ("xla", "interpret"):
+    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", decode_mlp=impl)
+    model = Qwen2(cfg, rngs=nnx.Rngs(3))
+    sampler = Sampler(cfg, None, SamplerConfig(batch_size=2, prompt_buckets=(64,), kv_cache_dtype="float32"))
+    prompts = [[5, 9, 11], list(range(20, 60))]
+    outs[impl] = sampler.generate(model, prompts, seed=0, max_new_tokens=40, temperature=0.0, eos_ids=[])
+  assert outs["xla"].tokens == outs["interpret"].tokens
+  for a, b in zip(outs["xla"].logprobs, outs["interpret"].logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_bad_config_value():
+  with pytest.raises(ValueError, match="decode_mlp"):
+    get_preset("tiny", decode_mlp="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,b", [("float32", 64), ("bfloat16", 64), ("bfloat16", 256), ("bfloat16", 24)])
+def test_triton_kernel_on_gpu(dtype, b):
+  """Compiled by Triton (not interpret mode) on the Qwen2.5-0.5B MLP shape."""
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
+  with jax.default_device(dev):
+    x, wg, wu = _case(b, 896, 4864, jnp.dtype(dtype))
+    got = np.asarray(swiglu_front(x, wg, wu), np.float32)
+  want = _reference(x, wg, wu)
+  if dtype == "float32":
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  else:
+    np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-5)
