@@ -80,7 +80,7 @@ def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
 
 
 def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np,
-                    reduce_chunks: int = 32, decode_mlp: str = "xla") -> dict:
+                    reduce_chunks: int = 32, decode_mlp: str = "auto") -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
                    decode_attention=impl, decode_mlp=decode_mlp)
@@ -127,7 +127,7 @@ def main():
   ap.add_argument("--reps", type=int, default=200)
   ap.add_argument("--reduce-chunks", default="32", help="SamplerConfig.reduce_chunks values to trace, in turn "
                   "(e.g. 32,1: the sampling step's two-stage row reductions vs XLA's one-stage ones)")
-  ap.add_argument("--decode-mlp", default="xla", choices=("xla", "pallas"),
+  ap.add_argument("--decode-mlp", default="auto", choices=("auto", "xla", "pallas"),
                   help="ModelConfig.decode_mlp of the traced generate calls (one per process: JAX reuses a trace)")
   ap.add_argument("--no-attention", action="store_true", help="skip the decode-attention microbenchmark")
   a = ap.parse_args()

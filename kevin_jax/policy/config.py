@@ -50,9 +50,10 @@ class ModelConfig:
     decode_attention: one-token decode attention over the KV cache: 'auto' (the Pallas kernel of
       policy/decode_attention.py on a GPU when its shape rules hold, else 'xla') | 'xla' (masked einsum over
       every cache slot) | 'pallas' | 'interpret' (the Pallas kernel in interpret mode: CPU tests).
-    decode_mlp: the MLP's silu(x W_gate) * (x W_up) in a one-token decode step: 'xla' (two einsums and an
-      elementwise kernel) | 'auto' (the fused Pallas kernel of policy/decode_mlp.py on a GPU when its shape
-      rules hold, else 'xla') | 'pallas' | 'interpret' (CPU tests). Multi-token calls always use 'xla'.
+    decode_mlp: the MLP's silu(x W_gate) * (x W_up) in a one-token decode step: 'auto' (the fused Pallas kernel
+      of policy/decode_mlp.py on a GPU when its shape rules hold and the batch is at most
+      decode_mlp.AUTO_MAX_ROWS, else 'xla') | 'xla' (two einsums and an elementwise kernel) | 'pallas' |
+      'interpret' (CPU tests). Multi-token calls (prefill, training) always use 'xla'.
   """
 
   vocab_size: int
@@ -72,7 +73,7 @@ class ModelConfig:
   remat: str = "none"
   attention_impl: str = "xla"
   decode_attention: str = "auto"
-  decode_mlp: str = "xla"
+  decode_mlp: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

@@ -27,6 +27,8 @@ _EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights:
 BLOCK_N = 32  # Columns per program: F = 4,864 (0.5B) gives 152 programs, ~1 per SM of an H200.
 BLOCK_D = 128  # D per loop iteration at most (smaller powers of two for a D it does not divide, down to 16).
 BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
+AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch (measured faster at 64, slower
+                    # at 256, where every row block re-reads the weights: BENCHMARKS.md, sixteenth session).
 
 
 def pick_block_d(hidden: int, block_d: int = BLOCK_D) -> int:
