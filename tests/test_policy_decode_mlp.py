@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from kevin_jax.policy import Qwen2, get_preset
-from kevin_jax.policy.decode_mlp import pick_block_d, supported, swiglu_front
+from kevin_jax.policy.decode_mlp import pick_block, supported, swiglu_front
 from kevin_jax.policy.sampler import Sampler, SamplerConfig
 
 
@@ -26,11 +26,11 @@ def _reference(x, wg, wu):
   return g / (1 + np.exp(-g)) * (x @ wu)
 
 
-@pytest.mark.parametrize("b,d,f,block_m", [(1, 64, 32, 64), (5, 256, 64, 64), (64, 384, 96, 64),
-                                           (100, 128, 64, 32), (33, 48, 32, 16)])
-def test_matches_reference_fp32(b, d, f, block_m):
+@pytest.mark.parametrize("b,d,f,block_m,block_n", [(1, 64, 32, 64, 32), (5, 256, 64, 64, 32), (64, 384, 96, 64, 32),
+                                                   (100, 128, 64, 32, 32), (33, 48, 48, 16, 32), (7, 256, 192, 64, 64)])
+def test_matches_reference_fp32(b, d, f, block_m, block_n):
   x, wg, wu = _case(b, d, f, jnp.float32)
-  got = swiglu_front(x, wg, wu, block_m=block_m, interpret=True)
+  got = swiglu_front(x, wg, wu, block_m=block_m, block_n=block_n, interpret=True)
   assert got.shape == (b, f) and got.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(got), _reference(x, wg, wu), rtol=1e-5, atol=1e-5)
 
@@ -44,10 +44,11 @@ def test_bf16_rounds_once():
 
 
 def test_shape_rules():
-  assert [pick_block_d(d) for d in (896, 1536, 64, 48, 40, 8)] == [128, 128, 64, 16, 0, 0]
+  assert [pick_block(d, 128) for d in (896, 1536, 64, 48, 40, 8)] == [128, 128, 64, 16, 0, 0]
+  assert [pick_block(f, 32) for f in (4864, 8960, 96, 48, 40)] == [32, 32, 32, 16, 0]
   assert supported(896, 4864) and supported(5120, 27648) and not supported(40, 64) and not supported(896, 100)
   x, wg, wu = _case(4, 40, 64, jnp.float32)
-  with pytest.raises(ValueError, match="multiple of 16"):
+  with pytest.raises(ValueError, match="multiples of 16"):
     swiglu_front(x, wg, wu, interpret=True)
   with pytest.raises(ValueError, match="must both be"):
     swiglu_front(x, wg, wu[:, :32], interpret=True)
@@ -73,8 +74,9 @@ def test_bad_config_value():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,b", [("float32", 64), ("bfloat16", 64), ("bfloat16", 256), ("bfloat16", 24)])
-def test_triton_kernel_on_gpu(dtype, b):
+@pytest.mark.parametrize("dtype,b,block_n", [("float32", 64, 32), ("bfloat16", 64, 32), ("bfloat16", 256, 32),
+                                             ("bfloat16", 24, 32), ("float32", 64, 64), ("bfloat16", 64, 64)])
+def test_triton_kernel_on_gpu(dtype, b, block_n):
   """Compiled by Triton (not interpret mode) on the Qwen2.5-0.5B MLP shape."""
   try:
     dev = jax.devices("gpu")[0]
@@ -82,7 +84,7 @@ def test_triton_kernel_on_gpu(dtype, b):
     pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
   with jax.default_device(dev):
     x, wg, wu = _case(b, 896, 4864, jnp.dtype(dtype))
-    got = np.asarray(swiglu_front(x, wg, wu), np.float32)
+    got = np.asarray(swiglu_front(x, wg, wu, block_n=block_n), np.float32)
   want = _reference(x, wg, wu)
   if dtype == "float32":
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

@@ -6,7 +6,7 @@ of the 0.5B shape at B = 64). Here program (i, j) owns rows [i*block_m, (i+1)*bl
 [j*block_n, (j+1)*block_n) of both weight matrices: it loops over D in `block_d` slices, keeps the two fp32
 accumulators in registers, and writes silu(gate) * up once, in the input's dtype. The weights stay in their
 [D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
-matmul tiles); D must be a multiple of 16 and F of `block_n` (`supported`).
+matmul tiles); D and F must be multiples of 16 (`supported`).
 
 Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
@@ -24,21 +24,25 @@ from jax.experimental.pallas import triton as pl_triton
 
 Array = jax.Array
 _EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
-BLOCK_N = 32  # Columns per program: F = 4,864 (0.5B) gives 152 programs, ~1 per SM of an H200.
-BLOCK_D = 128  # D per loop iteration at most (smaller powers of two for a D it does not divide, down to 16).
+BLOCK_N = 32  # Columns per program at most: F = 4,864 (0.5B) gives 152 programs, ~1 per SM of an H200. (64 read
+               # +1.2 % more decode tokens/s in one call, not yet GPU-tested: BENCHMARKS.md, sixteenth session.)
+BLOCK_D = 128  # D per loop iteration at most.
+# Both shrink by halves, down to 16 (Triton's matmul tiles), to the largest power of two dividing D or F.
 BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
-AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch (measured faster at 64, slower
-                    # at 256, where every row block re-reads the weights: BENCHMARKS.md, sixteenth session).
+AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: measured faster end to end
+                    # at 64 (BENCHMARKS.md, sixteenth session); not yet at 256, where each 64-row block re-reads
+                    # the weights and the first kernel-alone harness had it slower.
 
 
-def pick_block_d(hidden: int, block_d: int = BLOCK_D) -> int:
-  """The largest power of two <= block_d dividing `hidden`, or 0 if that is under 16 (matmul tiles)."""
-  bd = min(block_d, hidden & -hidden)
-  return bd if bd >= 16 else 0
+def pick_block(size: int, block: int) -> int:
+  """The largest power of two <= block dividing `size`, or 0 if that is under 16 (matmul tiles)."""
+  b = min(block, size & -size)
+  return b if b >= 16 else 0
 
 
-def supported(hidden: int, intermediate: int, block_n: int = BLOCK_N, block_d: int = BLOCK_D) -> bool:
-  return pick_block_d(hidden, block_d) > 0 and intermediate % block_n == 0
+def supported(hidden: int, intermediate: int) -> bool:
+  """Whether the kernel takes D = hidden and F = intermediate: both multiples of 16."""
+  return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
 def _kernel(x_ref, wg_ref, wu_ref, o_ref, *, block_d: int):
@@ -69,10 +73,9 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
     raise ValueError(f"weights must both be [D={d}, F], got {w_gate_DxF.shape} and {w_up_DxF.shape}")
-  if not supported(d, f, block_n, block_d):
-    raise ValueError(f"swiglu_front needs D ({d}) a multiple of 16 and F ({f}) a multiple of block_n "
-                     f"({block_n})")
-  block_d = pick_block_d(d, block_d)
+  block_d, block_n = pick_block(d, block_d), pick_block(f, block_n)
+  if not (block_d and block_n):
+    raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
   mp = max(16, 1 << (b - 1).bit_length())  # Rows padded to a power of two >= 16.
   bm = min(mp, block_m)
   x = jnp.pad(x_BxD.astype(w_gate_DxF.dtype), ((0, mp - b), (0, 0)))

@@ -292,7 +292,7 @@ class MLP(nnx.Module):
         impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
       if impl in ("pallas", "interpret"):
         h_Bx1xF = decode_mlp.swiglu_front(x[:, 0], self.gate_kernel[...].astype(dt), self.up_kernel[...].astype(dt),
-                                          block_n=decode_mlp.BLOCK_N, interpret=impl == "interpret")[:, None]
+                                          interpret=impl == "interpret")[:, None]
         return jnp.einsum("btf,fd->btd", h_Bx1xF, self.down_kernel[...].astype(dt))
     gate_BxTxF = jnp.einsum("btd,df->btf", x, self.gate_kernel[...].astype(dt))
     up_BxTxF = jnp.einsum("btd,df->btf", x, self.up_kernel[...].astype(dt))
