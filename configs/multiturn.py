@@ -42,6 +42,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.remat = "none"  # Per-layer rematerialisation: none | full | dots (save matmul outputs only).
   c.policy.attention_impl = "auto"  # Multi-token attention: auto (cudnn on a GPU in bf16, else xla) | xla | cudnn.
   c.policy.decode_attention = "auto"  # Decode attention: auto (Pallas kernel on a GPU, else xla) | xla | pallas.
+  c.policy.decode_mlp = "auto"  # Decode SwiGLU front: auto (fused Pallas kernel on a GPU up to 64 rows) | xla | pallas.
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 
