@@ -36,6 +36,8 @@ decode_attention.SlotRanges (visible = [0, prompt_len[b]) and [gen_start, gen_st
 cfg.decode_attention use the Pallas kernel that reads only those slots. The sampler prefills a right-padded prompt
 bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
 padding slots [length, P).
+In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
+policy/decode_mlp.py); multi-token calls, and so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
