@@ -4,12 +4,10 @@ the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches, and the sa
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from kevin_jax.policy import Qwen2, get_preset
 from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, supported
 from kevin_jax.policy.model import _decode_attend
-from kevin_jax.policy.sampler import Sampler, SamplerConfig
+from tests.test_common import assert_sampler_same_with_kernel
 
 
 def _case(dtype, b=3, k=2, g=7, h=64, p=128, n=256, seed=0):
@@ -54,13 +52,4 @@ def test_shape_rules():
 
 def test_sampler_same_tokens_with_the_kernel():
   """Greedy decoding of a random small-shaped model: the Pallas path (interpret) and the XLA path agree."""
-  outs = {}
-  for impl in ("xla", "interpret"):
-    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", head_dim=16, decode_attention=impl)
-    model = Qwen2(cfg, rngs=nnx.Rngs(3))
-    sampler = Sampler(cfg, None, SamplerConfig(batch_size=2, prompt_buckets=(64,), kv_cache_dtype="float32"))
-    prompts = [[5, 9, 11], list(range(20, 60))]
-    outs[impl] = sampler.generate(model, prompts, seed=0, max_new_tokens=70, temperature=0.0, eos_ids=[])
-  assert outs["xla"].tokens == outs["interpret"].tokens
-  for a, b in zip(outs["xla"].logprobs, outs["interpret"].logprobs):
-    np.testing.assert_allclose(a, b, atol=1e-4)
+  assert_sampler_same_with_kernel("decode_attention", head_dim=16)

@@ -5,11 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from kevin_jax.policy import Qwen2, get_preset
+from kevin_jax.policy import get_preset
 from kevin_jax.policy.decode_mlp import pick_block, supported, swiglu_front
-from kevin_jax.policy.sampler import Sampler, SamplerConfig
+from tests.test_common import assert_sampler_same_with_kernel
 
 
 def _case(b, d, f, dtype, seed=0):
@@ -56,16 +55,7 @@ def test_shape_rules():
 
 def test_sampler_same_tokens_with_the_kernel():
   """Greedy decoding of a random tiny model: the fused front (interpret) and the XLA MLP agree."""
-  outs = {}
-  for impl in ("xla", "interpret"):
-    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", decode_mlp=impl)
-    model = Qwen2(cfg, rngs=nnx.Rngs(3))
-    sampler = Sampler(cfg, None, SamplerConfig(batch_size=2, prompt_buckets=(64,), kv_cache_dtype="float32"))
-    prompts = [[5, 9, 11], list(range(20, 60))]
-    outs[impl] = sampler.generate(model, prompts, seed=0, max_new_tokens=40, temperature=0.0, eos_ids=[])
-  assert outs["xla"].tokens == outs["interpret"].tokens
-  for a, b in zip(outs["xla"].logprobs, outs["interpret"].logprobs):
-    np.testing.assert_allclose(a, b, atol=1e-4)
+  assert_sampler_same_with_kernel("decode_mlp", max_new_tokens=40)
 
 
 def test_bad_config_value():
