@@ -86,6 +86,7 @@ def evaluate_policy(task_ids: Sequence[str], sources: dict[str, str], s: EvalSet
   turns, times = _run(task_ids, sources, s.trajectories, s.turns, seed, generate, reward, encode_chat, s)
   out = summarize(turns, task_ids, s.turns)
   out.update({"tasks": len(task_ids), "time/generate_s": times.generate_s, "time/evaluate_s": times.reward_s})
+  out.update({f"evaluator/{k}": v for k, v in km.gpu_work(t.result for t in turns).items()})
   return out, turns
 
 

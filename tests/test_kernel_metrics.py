@@ -64,3 +64,13 @@ def test_kernel_summary_hand_computed():
   assert km.kernel_summary(["incorrect"], [0.0], [2.0])["speedup_mean_correct"] == 0.0
   with pytest.raises(ValueError):
     km.kernel_summary([], [], [])
+
+
+def test_gpu_work_counts_each_evaluation_once():
+  a = {"eval_id": "a", "status": "correct", "times": {"compile": 0.1, "gpu_total": 1.5}}
+  b = {"eval_id": "b", "status": "incorrect", "times": {"gpu_total": 0.25}}
+  static = {"eval_id": "c", "status": "compile_error", "times": {"compile": 0.2}}  # never reached the GPU
+  fmt = {"status": "format_error"}  # no evaluator result at all
+  got = km.gpu_work([a, b, dict(a), static, fmt, a])  # a copy with the same eval_id is the same evaluation
+  assert got == {"gpu_runs": 2.0, "gpu_s": 1.75}
+  assert km.gpu_work([]) == {"gpu_runs": 0.0, "gpu_s": 0.0}

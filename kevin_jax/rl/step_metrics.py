@@ -43,4 +43,5 @@ def rollout_metrics(turns: Sequence[Turn], times: RolloutTimes, returns: np.ndar
   out["time/evaluate_s"] = times.reward_s
   out["speed/generate_tokens_per_s"] = times.generated_tokens / max(times.generate_s, 1e-9)
   out["speed/evaluations_per_s"] = times.evaluations / max(times.reward_s, 1e-9)
+  out.update({f"evaluator/{k}": v for k, v in km.gpu_work(t.result for t in turns).items()})
   return out
