@@ -43,13 +43,14 @@ def time_layers(fn, x, wgs: list, wus: list, reps: int) -> float:
   """
   d = x.shape[1]
 
-  def one_pass(_, x0):
-    for wg, wu in zip(wgs, wus):
+  def one_pass(x0, gs, us):
+    for wg, wu in zip(gs, us):
       h = fn(x0, wg, wu)
       x0 = (x0 + h[:, :d].astype(x0.dtype) * 1e-3).astype(x0.dtype)
     return x0
 
-  loop = jax.jit(lambda x0, wgs, wus: jax.lax.fori_loop(0, reps, one_pass, x0))
+  # The weights are arguments of the jitted program (closed over, they would be baked in as constants).
+  loop = jax.jit(lambda x0, gs, us: jax.lax.fori_loop(0, reps, lambda _, xi: one_pass(xi, gs, us), x0))
   loop(x, wgs, wus).block_until_ready()
   t = time.perf_counter()
   loop(x, wgs, wus).block_until_ready()
