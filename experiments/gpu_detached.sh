@@ -4,7 +4,7 @@
 # its log so far. The job survives the end of a call as long as the machine stays warm (the next call follows
 # within its idle window, and the machine is held under 30 minutes in all). When it has ended, the waiting call
 # packs its workdir (checkpoints and safetensors left out) into $OUT/<name>.tar.gz, and KEEP=<dir under the
-# workdir> (e.g. hf) comes back as keep.tar.part00, 01, ... of 15 MiB.
+# workdir> (e.g. hf) comes back as keep.tgz.part00, 01, ... of 15 MiB.
 #
 #   experiments/gpu_detached.sh start NAME WAIT_S 'command using $WORKDIR'   # launch, then wait up to WAIT_S
 #   experiments/gpu_detached.sh wait NAME WAIT_S                             # wait again (a later call)
@@ -47,5 +47,5 @@ fi
 echo "=== $name ended with rc=$(cat "$base/rc") after ${elapsed}s; last lines:"; tail -n 25 "$base/job.log"
 echo "rc=$(cat "$base/rc") elapsed_s=$elapsed" > "$OUT/status.txt"
 pack_results "$OUT/$name.tar.gz" "$base" work/rollouts work  # Over 15 MiB: the evaluations' rollouts still come.
-if [ -n "${KEEP:-}" ]; then split_keep "$base/work/$KEEP" "$OUT/keep.tar.part"; fi
+if [ -n "${KEEP:-}" ]; then split_keep "$base/work/$KEEP" "$OUT/keep.tgz.part"; fi
 ls -la "$OUT"

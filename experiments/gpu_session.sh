@@ -7,8 +7,8 @@
 #   experiments/gpu_session.sh 'name=seconds=command' ...
 #
 # KEEP=<directory under $OUT> (e.g. a warm start's HF export, weights included) also comes back whole, as
-# keep.tar.part00, part01, ... of at most 15 MiB each (at most 6 parts): `cat keep.tar.part* | tar x -C DEST`
-# rebuilds it here, and a later call can carry DEST (e.g. to start RL from it with --config.init_from=DEST).
+# keep.tgz.part00, part01, ... of at most 15 MiB each (at most 6 parts, gzipped): `cat keep.tgz.part* > X.tgz`
+# rebuilds the archive here, which a later call can carry (experiments/default_phases.sh starts from one).
 #
 # Carried wheels in .whl/ (ml-collections and tensorboardX, which the GPU image lacks: `pip download --no-deps
 # ml-collections tensorboardX -d .whl`) are installed to /tmp/site first.
@@ -33,9 +33,9 @@ done
 # The device tool returns files of at most 16 MiB: weights and checkpoints (Orbax dirs, safetensors) stay behind,
 # and if the pack is still too large, so do rollout JSONL files (metrics, logs and evaluation reports come back).
 pack_results /tmp/all.tar.gz "$OUT" '*rollouts*' . >> "$OUT/summary.txt"
-rm -f /tmp/keep.tar.part*
-if [ -n "${KEEP:-}" ]; then split_keep "$OUT/$KEEP" /tmp/keep.tar.part >> "$OUT/summary.txt"; fi
+rm -f /tmp/keep.tgz.part*
+if [ -n "${KEEP:-}" ]; then split_keep "$OUT/$KEEP" /tmp/keep.tgz.part >> "$OUT/summary.txt"; fi
 cp "$OUT/summary.txt" /tmp/summary.txt
 find "$OUT" -mindepth 1 -delete && mv /tmp/all.tar.gz /tmp/summary.txt "$OUT/"
-if ls /tmp/keep.tar.part* >/dev/null 2>&1; then mv /tmp/keep.tar.part* "$OUT/"; fi
+if ls /tmp/keep.tgz.part* >/dev/null 2>&1; then mv /tmp/keep.tgz.part* "$OUT/"; fi
 echo "=== summary"; cat "$OUT/summary.txt"

@@ -23,6 +23,10 @@ invocation runs at least one step; a resumed run, or one that skips the step-0 e
 (evaluation.in_training_first=False), has no evaluation time to go by until it has evaluated once, other than
 `time_budget_eval_s` (an estimate; a longer measured evaluation replaces it). A rerun in the same workdir
 continues towards total_steps.
+
+total_steps=0 runs the start alone: the warm start if one is due, then the step-0 evaluation of the starting
+policy (e.g. of `init_from`, an exported trained policy), with the same sampling seeds as any run of this seed:
+experiments/default_phases.sh splits the default job into device calls this way.
 """
 
 from __future__ import annotations
@@ -237,10 +241,12 @@ def run(config, workdir: str) -> None:
       ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)
   hf_dir = os.path.join(workdir, "hf")
-  if start >= config.total_steps:
+  if config.total_steps < 0:
+    raise ValueError(f"total_steps must be >= 0 (0 = evaluate the starting policy only), got {config.total_steps}")
+  if start > 0 and start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
-    # A finished run whose export is missing (a crash during it); never a run that trained nothing (start 0).
-    if start > 0 and config.checkpoint.export_hf and not runtime.is_hf_checkpoint(hf_dir):
+    # A finished run whose export is missing (a crash during it).
+    if config.checkpoint.export_hf and not runtime.is_hf_checkpoint(hf_dir):
       runtime.export_hf(policy, state.params, hf_dir)
     ckpt.close()
     return
@@ -251,6 +257,8 @@ def run(config, workdir: str) -> None:
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   progress = metrics_lib.Progress(config.total_steps, "rl step", start=start, every_s=0.0, unit="steps")
   last = config.total_steps  # The time budget may make an earlier step the last one.
+  if last == 0:
+    logging.info("total_steps=0: evaluating the starting policy only (no RL step, no checkpoint, no export)")
   try:
     if start == 0 and in_eval.due(0):
       with budget.timing("eval"):

@@ -44,8 +44,10 @@ def test_start_returns_while_running_and_wait_collects_the_workdir(checkout):
     names = t.getnames()
     assert "work/marker.txt" in names
     assert t.extractfile("work/marker.txt").read() == b"from the checkout\n"
-  parts = sorted(p for p in os.listdir(tmp / "out2") if p.startswith("keep.tar.part"))
-  assert parts == ["keep.tar.part00"]
+  parts = sorted(p for p in os.listdir(tmp / "out2") if p.startswith("keep.tgz.part"))
+  assert parts == ["keep.tgz.part00"]
+  with tarfile.open(tmp / "out2" / parts[0], "r:gz") as t:  # KEEP's directory, gzipped.
+    assert t.extractfile("./w.bin").read() == b"weights\n"
 
 
 def test_failing_job_reports_its_exit_status(checkout):

@@ -181,6 +181,44 @@ def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
   assert sorted(os.listdir(tmp_path / "eval_rollouts")) == ["step_000002_train.jsonl", "step_000003_train.jsonl"]
 
 
+def test_total_steps_zero_evaluates_the_start_and_an_export_in_phases(tmp_path):
+  """total_steps=0 evaluates the starting policy only (no step, checkpoint or export). The default job split into
+  phases as experiments/default_phases.sh runs it (start evaluated alone; RL with no evaluations; the exported
+  policy evaluated alone) gives the same before and after numbers as one uninterrupted run of the same seed."""
+  def config(total_steps):
+    return _with_eval(_config(total_steps=total_steps), trajectories=2, turns=2, max_tasks=2, splits=("train", "test"))
+
+  whole = tmp_path / "whole"
+  train.run(config(2), str(whole))
+  before, after = [json.loads(l) for l in open(whole / "eval_metrics.jsonl")]
+
+  train.run(config(0), str(tmp_path / "start"))
+  start = [json.loads(l) for l in open(tmp_path / "start" / "eval_metrics.jsonl")]
+  assert [r["step"] for r in start] == [0]
+  assert not os.listdir(tmp_path / "start" / "checkpoints") and not (tmp_path / "start" / "hf").exists()
+  assert not list(metrics_lib.read_metrics(str(tmp_path / "start" / "metrics.jsonl")))  # No RL step.
+
+  c = config(2)
+  c.evaluation.in_training_splits = ()
+  train.run(c, str(tmp_path / "rl"))
+  assert not (tmp_path / "rl" / "eval_metrics.jsonl").exists()
+  c = config(0)
+  c.init_from = str(tmp_path / "rl" / "hf")
+  train.run(c, str(tmp_path / "after"))
+  exported = [json.loads(l) for l in open(tmp_path / "after" / "eval_metrics.jsonl")]
+  assert [r["step"] for r in exported] == [0]
+  assert before["train/kernel/score_mean"] != after["train/kernel/score_mean"]  # The two steps changed something.
+  for want, got in ((before, start[0]), (after, exported[0])):
+    keys = [k for k in want if "time/" not in k and k != "step"]
+    assert len(keys) > 20
+    for key in keys:
+      assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), key
+
+  c = config(-1)
+  with pytest.raises(ValueError, match="total_steps must be >= 0"):
+    train.run(c, str(tmp_path / "negative"))
+
+
 def _assert_same_params(a_tree, b_tree):
   """Two parameter trees hold the same leaves: as many, each of the same dtype and bit for bit equal."""
   a_leaves, b_leaves = jax.tree.leaves(a_tree), jax.tree.leaves(b_tree)

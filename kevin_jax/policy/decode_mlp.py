@@ -24,8 +24,8 @@ from jax.experimental.pallas import triton as pl_triton
 
 Array = jax.Array
 _EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
-BLOCK_N = 32  # Columns per program at most: F = 4,864 (0.5B) gives 152 programs, ~1 per SM of an H200. (64 read
-               # +1.2 % more decode tokens/s in one call, not yet GPU-tested: BENCHMARKS.md, sixteenth session.)
+BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs. Measured against 32 (152 programs):
+               # +1.2 % decode tokens/s (sixteenth session) and 2-3 % faster kernel alone (seventeenth; BENCHMARKS.md).
 BLOCK_D = 128  # D per loop iteration at most.
 # Both shrink by halves, down to 16 (Triton's matmul tiles), to the largest power of two dividing D or F.
 BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
