@@ -6,6 +6,10 @@
 # packs its workdir (checkpoints and safetensors left out) into $OUT/<name>.tar.gz, and KEEP=<dir under the
 # workdir> (e.g. hf) comes back as keep.tgz.part00, 01, ... of 15 MiB.
 #
+# Unreliable on this workplace's GPU host: the machine goes back after 30 s idle, and the reply between two calls
+# can take longer than that by itself (it lost the default job four times, sixteenth and seventeenth sessions).
+# Prefer work that fits one call, or phases that each return what the next needs (experiments/default_phases.sh).
+#
 #   experiments/gpu_detached.sh start NAME WAIT_S 'command using $WORKDIR'   # launch, then wait up to WAIT_S
 #   experiments/gpu_detached.sh wait NAME WAIT_S                             # wait again (a later call)
 #

@@ -1,5 +1,5 @@
-"""The fused decode SwiGLU kernel (policy/decode_mlp.py) against the jnp expression: in interpret mode on the CPU,
-and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+"""The decode MLP kernels (policy/decode_mlp.py: the fused SwiGLU front, the split down projection) against the jnp
+expression: in interpret mode on the CPU, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kevin_jax.policy import get_preset
-from kevin_jax.policy.decode_mlp import pick_block, supported, swiglu_front
+from kevin_jax.policy.decode_mlp import down_proj, pick_block, pick_splits, supported, swiglu_front
 from tests.test_common import assert_sampler_same_with_kernel
 
 
@@ -53,6 +53,37 @@ def test_shape_rules():
     swiglu_front(x, wg, wu[:, :32], interpret=True)
 
 
+def _down_case(b, f, d, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.standard_normal((b, f)), dtype), jnp.asarray(rng.standard_normal((f, d)) * f ** -0.5, dtype))
+
+
+@pytest.mark.parametrize("b,f,d,splits,block_n,block_k", [(1, 64, 32, 1, 64, 64), (5, 256, 64, 0, 64, 64),
+                                                          (64, 384, 96, 3, 32, 64), (33, 512, 128, 8, 64, 64),
+                                                          (100, 256, 48, 2, 64, 128)])
+def test_down_proj_matches_reference_fp32(b, f, d, splits, block_n, block_k):
+  h, w = _down_case(b, f, d, jnp.float32)
+  got = down_proj(h, w, splits=splits, block_n=block_n, block_k=block_k, interpret=True)
+  assert got.shape == (b, d) and got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), np.asarray(h, np.float64) @ np.asarray(w, np.float64),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_down_proj_split_rules():
+  # 0.5B (F = 4,864 = 76 x 64): 14 column blocks of 64 need 10 splits for 132 programs; 19 is the first divisor.
+  assert pick_splits(4864, 14, 64) == 19 and pick_splits(4864, 7, 128) == 19
+  assert pick_splits(8960, 24, 64) == 7  # 1.5B: 140 chunks of 64, 24 x 7 = 168 programs.
+  assert pick_splits(192, 4, 64) == 3  # Too few chunks for 132 programs: all of them.
+  assert pick_splits(4864, 200, 64) == 1
+  h, w = _down_case(4, 256, 64, jnp.float32)
+  with pytest.raises(ValueError, match="must divide"):
+    down_proj(h, w, splits=3, interpret=True)  # 256 / 3 is no multiple of 64.
+  with pytest.raises(ValueError, match="must be"):
+    down_proj(h, w[:128], interpret=True)
+  with pytest.raises(ValueError, match="multiples of 16"):
+    down_proj(h[:, :40], w[:40], interpret=True)
+
+
 def test_sampler_same_tokens_with_the_kernel():
   """Greedy decoding of a random tiny model: the fused front (interpret) and the XLA MLP agree."""
   assert_sampler_same_with_kernel("decode_mlp", max_new_tokens=40)
@@ -79,4 +110,23 @@ def test_triton_kernel_on_gpu(dtype, b, block_n):
   if dtype == "float32":
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   else:
+    np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,b,splits", [("float32", 64, 0), ("bfloat16", 64, 0), ("bfloat16", 256, 0),
+                                            ("bfloat16", 24, 4), ("bfloat16", 64, 1)])
+def test_down_proj_triton_on_gpu(dtype, b, splits):
+  """The split down projection compiled by Triton on the Qwen2.5-0.5B shape ([B, 4864] x [4864, 896])."""
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
+  with jax.default_device(dev):
+    h, w = _down_case(b, 4864, 896, jnp.dtype(dtype))
+    got = np.asarray(down_proj(h, w, splits=splits), np.float32)
+  want = np.asarray(h, np.float64) @ np.asarray(w, np.float64)
+  if dtype == "float32":
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  else:  # One bf16 rounding of an fp32 sum.
     np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-5)

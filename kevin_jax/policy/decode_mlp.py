@@ -11,6 +11,9 @@ matmul tiles); D and F must be multiples of 16 (`supported`).
 Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
+
+`down_proj`, the MLP's down projection split along F, is experimental: measured alone by
+experiments/bench_decode_mlp.py (--parts down), not used by the model until it is faster there and end to end.
 """
 
 from __future__ import annotations
@@ -94,3 +97,67 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
       name="kevin_decode_swiglu",
   )(x, w_gate_DxF, w_up_DxF)
   return out[:b]
+
+
+# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (experimental: not used by the model yet). ---
+# At 64 rows its output is only [64, D] (D = 896 at 0.5B): with whole-F columns per program there are D / block_n
+# programs, far fewer than the H200's 132 SMs, and XLA's GEMM read W_down at ~1.2 TB/s in the decode profile
+# (gemm_fusion_dot_267, 7.4 us per layer; BENCHMARKS.md, seventeenth session). Here program (i, j, s) sums F slice s
+# of the product into an fp32 partial [block_m, block_n]; XLA then adds the `splits` partials (a small reduction
+# that it can fuse with the residual add after the MLP).
+SM_COUNT = 132  # H200 SMs: down_proj's default split count aims at >= this many programs.
+
+
+def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUNT) -> int:
+  """The fewest F splits, each a multiple of block_k, giving n_blocks * splits >= min_programs (else the most)."""
+  chunks = f // block_k
+  divisors = [s for s in range(1, chunks + 1) if chunks % s == 0]
+  return next((s for s in divisors if n_blocks * s >= min_programs), divisors[-1])
+
+
+def _down_kernel(h_ref, w_ref, o_ref, *, block_k: int):
+  m, ks = h_ref.shape
+  bn = w_ref.shape[1]
+  exact = _EXACT if w_ref.dtype == jnp.float32 else None
+
+  def body(i, acc):
+    sl = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
+    return acc + jax.lax.dot(h_ref[:, sl], w_ref[sl, :], precision=exact, preferred_element_type=jnp.float32)
+
+  o_ref[...] = jax.lax.fori_loop(0, ks // block_k, body, jnp.zeros((m, bn), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
+                                             "interpret"))
+def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int = 64, block_k: int = 64,
+              block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
+  """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (0 = pick_splits) into fp32 partials
+  summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D)."""
+  b, f = h_BxF.shape
+  d = w_down_FxD.shape[1]
+  if w_down_FxD.shape[0] != f:
+    raise ValueError(f"w_down must be [F={f}, D], got {w_down_FxD.shape}")
+  block_n, block_k = pick_block(d, block_n), pick_block(f, block_k)
+  if not (block_n and block_k):
+    raise ValueError(f"down_proj needs F ({f}) and D ({d}) multiples of 16")
+  splits = splits or pick_splits(f, d // block_n, block_k)
+  if f % (splits * block_k):
+    raise ValueError(f"splits={splits} must divide F={f} into multiples of block_k={block_k}")
+  ks = f // splits
+  mp = max(16, 1 << (b - 1).bit_length())
+  bm = min(mp, block_m)
+  h = jnp.pad(h_BxF.astype(w_down_FxD.dtype), ((0, mp - b), (0, 0)))
+  partials = pl.pallas_call(
+      functools.partial(_down_kernel, block_k=block_k),
+      grid=(mp // bm, d // block_n, splits),
+      in_specs=[
+          pl.BlockSpec((bm, ks), lambda i, j, s: (i, s)),
+          pl.BlockSpec((ks, block_n), lambda i, j, s: (s, j)),
+      ],
+      out_specs=pl.BlockSpec((None, bm, block_n), lambda i, j, s: (s, i, j)),
+      out_shape=jax.ShapeDtypeStruct((splits, mp, d), jnp.float32),
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="kevin_decode_down",
+  )(h, w_down_FxD)
+  return partials.sum(0)[:b].astype(h_BxF.dtype)
