@@ -94,19 +94,19 @@ def test_bad_config_value():
     get_preset("tiny", decode_mlp="triton")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype,b,block_n", [("float32", 64, 32), ("bfloat16", 64, 32), ("bfloat16", 256, 32),
-                                             ("bfloat16", 24, 32), ("float32", 64, 64), ("bfloat16", 64, 64)])
-def test_triton_kernel_on_gpu(dtype, b, block_n):
-  """Compiled by Triton (not interpret mode) on the Qwen2.5-0.5B MLP shape."""
+def _on_gpu(compute):
+  """compute() with the first GPU as the default device (skips without one): its inputs and result."""
   try:
     dev = jax.devices("gpu")[0]
   except RuntimeError:
     pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
   with jax.default_device(dev):
-    x, wg, wu = _case(b, 896, 4864, jnp.dtype(dtype))
-    got = np.asarray(swiglu_front(x, wg, wu, block_n=block_n), np.float32)
-  want = _reference(x, wg, wu)
+    return compute()
+
+
+def _assert_kernel_close(got, want, dtype):
+  """fp32: within 2e-5; bf16: one bf16 rounding (2^-8 relative) of an fp32-accumulated result."""
+  got = np.asarray(got, np.float32)
   if dtype == "float32":
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   else:
@@ -114,19 +114,24 @@ def test_triton_kernel_on_gpu(dtype, b, block_n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype,b,block_n", [("float32", 64, 32), ("bfloat16", 64, 32), ("bfloat16", 256, 32),
+                                             ("bfloat16", 24, 32), ("float32", 64, 64), ("bfloat16", 64, 64)])
+def test_triton_kernel_on_gpu(dtype, b, block_n):
+  """Compiled by Triton (not interpret mode) on the Qwen2.5-0.5B MLP shape."""
+  def compute():
+    x, wg, wu = _case(b, 896, 4864, jnp.dtype(dtype))
+    return (x, wg, wu), swiglu_front(x, wg, wu, block_n=block_n)
+  inputs, got = _on_gpu(compute)
+  _assert_kernel_close(got, _reference(*inputs), dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype,b,splits", [("float32", 64, 0), ("bfloat16", 64, 0), ("bfloat16", 256, 0),
                                             ("bfloat16", 24, 4), ("bfloat16", 64, 1)])
 def test_down_proj_triton_on_gpu(dtype, b, splits):
   """The split down projection compiled by Triton on the Qwen2.5-0.5B shape ([B, 4864] x [4864, 896])."""
-  try:
-    dev = jax.devices("gpu")[0]
-  except RuntimeError:
-    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
-  with jax.default_device(dev):
+  def compute():
     h, w = _down_case(b, 4864, 896, jnp.dtype(dtype))
-    got = np.asarray(down_proj(h, w, splits=splits), np.float32)
-  want = np.asarray(h, np.float64) @ np.asarray(w, np.float64)
-  if dtype == "float32":
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-  else:  # One bf16 rounding of an fp32 sum.
-    np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-5)
+    return (h, w), down_proj(h, w, splits=splits)
+  (h, w), got = _on_gpu(compute)
+  _assert_kernel_close(got, np.asarray(h, np.float64) @ np.asarray(w, np.float64), dtype)
