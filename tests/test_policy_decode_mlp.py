@@ -89,9 +89,16 @@ def test_sampler_same_tokens_with_the_kernel():
   assert_sampler_same_with_kernel("decode_mlp", max_new_tokens=40)
 
 
+def test_sampler_same_tokens_with_the_split_down_projection():
+  """The same with ModelConfig.decode_down: the split down projection (interpret) against the einsum."""
+  assert_sampler_same_with_kernel("decode_down", max_new_tokens=40)
+
+
 def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_mlp"):
     get_preset("tiny", decode_mlp="triton")
+  with pytest.raises(ValueError, match="decode_down"):
+    get_preset("tiny", decode_down="auto")
 
 
 def _on_gpu(compute):

@@ -20,6 +20,7 @@ _REMAT = ("none", "full", "dots")
 _ATTENTION_IMPLS = ("xla", "cudnn")
 _DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
 _DECODE_MLP = ("auto", "xla", "pallas", "interpret")
+_DECODE_DOWN = ("xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -54,6 +55,8 @@ class ModelConfig:
       of policy/decode_mlp.py on a GPU when its shape rules hold and the batch is at most
       decode_mlp.AUTO_MAX_ROWS, else 'xla') | 'xla' (two einsums and an elementwise kernel) | 'pallas' |
       'interpret' (CPU tests). Multi-token calls (prefill, training) always use 'xla'.
+    decode_down: the MLP's down projection in a one-token decode step: 'xla' (one einsum) | 'pallas' (experimental:
+      decode_mlp.down_proj, split along the intermediate size; for profiling, not yet faster) | 'interpret'.
   """
 
   vocab_size: int
@@ -74,6 +77,7 @@ class ModelConfig:
   attention_impl: str = "xla"
   decode_attention: str = "auto"
   decode_mlp: str = "auto"
+  decode_down: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -96,6 +100,8 @@ class ModelConfig:
                        f"got {self.decode_attention!r}")
     if self.decode_mlp not in _DECODE_MLP:
       raise ValueError(f"ModelConfig.decode_mlp must be one of {_DECODE_MLP}, got {self.decode_mlp!r}")
+    if self.decode_down not in _DECODE_DOWN:
+      raise ValueError(f"ModelConfig.decode_down must be one of {_DECODE_DOWN}, got {self.decode_down!r}")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

@@ -37,7 +37,8 @@ cfg.decode_attention use the Pallas kernel that reads only those slots. The samp
 bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
-policy/decode_mlp.py); multi-token calls, and so every gradient, use the einsums.
+policy/decode_mlp.py), and its down projection as another (cfg.decode_down, experimental); multi-token calls, and
+so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -278,7 +279,7 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.dtype = cfg.compute_jnp_dtype
-    self.decode_impl = cfg.decode_mlp
+    self.decode_impl, self.decode_down = cfg.decode_mlp, cfg.decode_down
     d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_jnp_dtype
     self.gate_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
@@ -287,15 +288,20 @@ class MLP(nnx.Module):
   def __call__(self, x_BxTxD: Array) -> Array:
     dt = self.dtype
     x = x_BxTxD.astype(dt)
-    impl = self.decode_impl
-    if x.shape[1] == 1 and impl != "xla":
+    if x.shape[1] == 1:  # A decode step: Pallas kernels where configured.
+      impl, down = self.decode_impl, self.decode_down
       if impl == "auto":
         fits = decode_mlp.supported(*self.gate_kernel.shape) and x.shape[0] <= decode_mlp.AUTO_MAX_ROWS
         impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
-      if impl in ("pallas", "interpret"):
-        h_Bx1xF = decode_mlp.swiglu_front(x[:, 0], self.gate_kernel[...].astype(dt), self.up_kernel[...].astype(dt),
-                                          interpret=impl == "interpret")[:, None]
-        return jnp.einsum("btf,fd->btd", h_Bx1xF, self.down_kernel[...].astype(dt))
+      if impl != "xla" or down != "xla":
+        wg, wu, wd = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel, self.down_kernel))
+        if impl == "xla":
+          h_BxF = jax.nn.silu(jnp.einsum("bd,df->bf", x[:, 0], wg)) * jnp.einsum("bd,df->bf", x[:, 0], wu)
+        else:
+          h_BxF = decode_mlp.swiglu_front(x[:, 0], wg, wu, interpret=impl == "interpret")
+        if down == "xla":
+          return jnp.einsum("btf,fd->btd", h_BxF[:, None], wd)
+        return decode_mlp.down_proj(h_BxF, wd, interpret=down == "interpret")[:, None]
     gate_BxTxF = jnp.einsum("btd,df->btf", x, self.gate_kernel[...].astype(dt))
     up_BxTxF = jnp.einsum("btd,df->btf", x, self.up_kernel[...].astype(dt))
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, self.down_kernel[...].astype(dt))
