@@ -217,6 +217,8 @@ def _warm_start_dir(config, workdir: str) -> str | None:
 
 def run(config, workdir: str) -> None:
   """mode=train."""
+  if config.total_steps < 0:
+    raise ValueError(f"total_steps must be >= 0 (0 = evaluate the starting policy only), got {config.total_steps}")
   budget = TimeBudget(config.time_budget_s, config.time_budget_eval_s)  # From the job's start (warm start too).
   runtime.require_gpu_for_evaluator(config)
   specs, sources = runtime.load_tasks(config, "train")
@@ -241,8 +243,6 @@ def run(config, workdir: str) -> None:
       ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)
   hf_dir = os.path.join(workdir, "hf")
-  if config.total_steps < 0:
-    raise ValueError(f"total_steps must be >= 0 (0 = evaluate the starting policy only), got {config.total_steps}")
   if start > 0 and start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)
     # A finished run whose export is missing (a crash during it).

@@ -12,8 +12,9 @@ Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
-`down_proj`, the MLP's down projection split along F, is experimental: measured alone by
-experiments/bench_decode_mlp.py (--parts down), not used by the model until it is faster there and end to end.
+`down_proj`, the MLP's down projection split along F, is experimental: the model uses it only with
+ModelConfig.decode_down='pallas' (default 'xla') until experiments/bench_decode_mlp.py (--parts down) and the decode
+profile show it faster.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
   return out[:b]
 
 
-# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (experimental: not used by the model yet). ---
+# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (experimental: ModelConfig.decode_down). ---
 # At 64 rows its output is only [64, D] (D = 896 at 0.5B): with whole-F columns per program there are D / block_n
 # programs, far fewer than the H200's 132 SMs, and XLA's GEMM read W_down at ~1.2 TB/s in the decode profile
 # (gemm_fusion_dot_267, 7.4 us per layer; BENCHMARKS.md, seventeenth session). Here program (i, j, s) sums F slice s
