@@ -144,9 +144,15 @@ def test_in_training_eval_before_after_and_resume(tmp_path, monkeypatch):
   again = [json.loads(l) for l in open(crashed / "eval_metrics.jsonl")]
   assert [r["step"] for r in again] == [0, 2]  # The starting policy is not re-evaluated on resume.
   for a, b in zip(lines, again):
-    for key, value in a.items():
-      if "time/" not in key:
-        assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    _assert_same_evaluation(a, b)
+
+
+def _assert_same_evaluation(want: dict, got: dict) -> None:
+  """Two eval_metrics.jsonl records hold the same numbers (timings aside): every one of want's > 20 metrics."""
+  keys = [k for k in want if "time/" not in k and k != "step"]
+  assert len(keys) > 20
+  for key in keys:
+    assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), key
 
 
 def test_evaluation_temperature_is_separate_from_the_rollouts(tmp_path):
@@ -208,11 +214,8 @@ def test_total_steps_zero_evaluates_the_start_and_an_export_in_phases(tmp_path):
   exported = [json.loads(l) for l in open(tmp_path / "after" / "eval_metrics.jsonl")]
   assert [r["step"] for r in exported] == [0]
   assert before["train/kernel/score_mean"] != after["train/kernel/score_mean"]  # The two steps changed something.
-  for want, got in ((before, start[0]), (after, exported[0])):
-    keys = [k for k in want if "time/" not in k and k != "step"]
-    assert len(keys) > 20
-    for key in keys:
-      assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), key
+  _assert_same_evaluation(before, start[0])
+  _assert_same_evaluation(after, exported[0])
 
   c = config(-1)
   with pytest.raises(ValueError, match="total_steps must be >= 0"):

@@ -285,26 +285,27 @@ class MLP(nnx.Module):
     self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.down_kernel = _param(rngs, (f, d), ("mlp", "embed"), pd, "normal")
 
+  def _decode_impls(self, rows: int) -> tuple[str, str]:
+    """(front, down) implementations of a one-token decode step of `rows` rows ('auto' resolved)."""
+    front = self.decode_impl
+    if front == "auto":
+      fits = decode_mlp.supported(*self.gate_kernel.shape) and rows <= decode_mlp.AUTO_MAX_ROWS
+      front = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+    return front, self.decode_down
+
   def __call__(self, x_BxTxD: Array) -> Array:
     dt = self.dtype
     x = x_BxTxD.astype(dt)
-    if x.shape[1] == 1:  # A decode step: Pallas kernels where configured.
-      impl, down = self.decode_impl, self.decode_down
-      if impl == "auto":
-        fits = decode_mlp.supported(*self.gate_kernel.shape) and x.shape[0] <= decode_mlp.AUTO_MAX_ROWS
-        impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
-      if impl != "xla" or down != "xla":
-        wg, wu, wd = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel, self.down_kernel))
-        if impl == "xla":
-          h_BxF = jax.nn.silu(jnp.einsum("bd,df->bf", x[:, 0], wg)) * jnp.einsum("bd,df->bf", x[:, 0], wu)
-        else:
-          h_BxF = decode_mlp.swiglu_front(x[:, 0], wg, wu, interpret=impl == "interpret")
-        if down == "xla":
-          return jnp.einsum("btf,fd->btd", h_BxF[:, None], wd)
-        return decode_mlp.down_proj(h_BxF, wd, interpret=down == "interpret")[:, None]
-    gate_BxTxF = jnp.einsum("btd,df->btf", x, self.gate_kernel[...].astype(dt))
-    up_BxTxF = jnp.einsum("btd,df->btf", x, self.up_kernel[...].astype(dt))
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, self.down_kernel[...].astype(dt))
+    wg, wu, wd = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel, self.down_kernel))
+    # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
+    front, down = self._decode_impls(x.shape[0]) if x.shape[1] == 1 else ("xla", "xla")
+    if front == "xla":
+      h_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
+    else:
+      h_BxTxF = decode_mlp.swiglu_front(x[:, 0], wg, wu, interpret=front == "interpret")[:, None]
+    if down == "xla":
+      return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
+    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
 
 
 class DecoderLayer(nnx.Module):
