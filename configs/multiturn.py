@@ -66,7 +66,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   time budget). Paper: 8 [P §1], set by the `paper` preset.
   c.rollout.trajectories = 16  # Parallel trajectories per task, m [P §1: 16].
   c.rollout.turns = 4  # Refinement turns per trajectory, n [P §1: 4 in training, 8 at test].
-  c.rollout.max_context_tokens = 4096  # Prompt budget per turn, tokens; oldest earlier turns dropped first.
+  c.rollout.max_context_tokens = 3072  # Prompt budget per turn, tokens; oldest earlier turns dropped first. The
+  #   warm start's prompts are built within it too (sft.fit_prompts). 4096 until 2026-12-04: the warm start then
+  #   saw few prompts over 3k tokens, and about half its responses to them were format errors (README "Results").
   c.rollout.feedback_max_chars = 2000  # Evaluator feedback kept per earlier turn, characters.
   c.rollout.save_turns = True  # Write every turn (prompt id, response, result) to workdir/rollouts/*.jsonl.
 
@@ -223,8 +225,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.b2 = 0.95  # Adam beta2 (LM-pretraining value, steadier at high LR than 0.999); beta1, eps: optimizer.*.
   c.sft.weight_decay = 0.0  # Decoupled weight decay (the goal includes reproducing the corpus kernels).
   c.sft.max_grad_norm = 1.0  # Global-norm clip (> 0; keeps the optimizer-state layout of the RL learner).
-  c.sft.max_seq_len = 5120  # Longest example, tokens (prompt + response + end-of-turn); = RL's
+  c.sft.max_seq_len = 5120  # Longest example, tokens (prompt + response + end-of-turn): RL's
   #   rollout.max_context_tokens + sampler.max_new_tokens. Longer ones are dropped (counted in the log).
+  c.sft.fit_prompts = True  # Bundled corpus: build each later-turn prompt as the rollout does, within
+  #   rollout.max_context_tokens, oldest earlier attempts dropped first (rl/sft_data.rollout_fit); False = every
+  #   earlier attempt, however long (before 2026-12-04: 90 of 654 examples were then over max_seq_len and dropped).
   c.sft.truncate = False  # True: cut over-long responses at max_seq_len instead of dropping the example.
   c.sft.input_noise = 0.0  # Share of response tokens the model reads replaced by another token of the same
   #   response (targets unchanged; rl/sft_data.make_batch): robustness to the sampler's own deviations. 0 = off.

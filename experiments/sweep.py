@@ -211,10 +211,11 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
 # 0.6), the warm start's corpus export_corpus.KINDS with quote reasoning before the eleventh (2026-12-03), and the
 # run's length 20 RL steps before the twelfth (2026-12-03; now 30), and the reference timed in every evaluation
 # (evaluator.ref_timing interleaved) and every candidate given all its timed runs (evaluator.timing_max_s 0) before
-# the fifteenth (2026-12-03; now cached and 0.5 s).
+# the fifteenth (2026-12-03; now cached and 0.5 s), and the prompt budget 4096 tokens with the warm start's
+# prompts built from every earlier attempt before the nineteenth (2026-12-04; now 3072, fitted as rollouts are).
 _PINNED = {"sampler.temperature": "0.9", "sft.corpus_kinds": repr(export_corpus.KINDS),
            "sft.corpus_reasoning": "quote", "total_steps": "20", "evaluator.ref_timing": "interleaved",
-           "evaluator.timing_max_s": "0.0"}
+           "evaluator.timing_max_s": "0.0", "rollout.max_context_tokens": "4096", "sft.fit_prompts": "False"}
 SWEEPS["evidence"] = [(name, config, [f"--config.{key}={value}" for key, value in _PINNED.items()
                                       if not any(o.startswith(f"--config.{key}=") for o in overrides)] + overrides)
                       for name, config, overrides in SWEEPS["evidence"]]

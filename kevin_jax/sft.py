@@ -67,9 +67,10 @@ def load_data(config, tokenizer) -> Data:
       records, source = sft_data.read_corpus(s.corpus), s.corpus
     else:
       specs, _ = runtime.load_tasks(config, "all")
+      fit = sft_data.rollout_fit(tokenizer, int(config.rollout.max_context_tokens)) if s.fit_prompts else None
       try:
         records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds),
-                                          reasoning=s.corpus_reasoning)
+                                          reasoning=s.corpus_reasoning, fit=fit)
       except ValueError as e:  # Unknown kinds or reasoning style.
         raise SystemExit(f"error: sft.corpus_kinds / sft.corpus_reasoning: {e}") from e
       source = "the bundled suite (kevin_jax/data/export_corpus.py)"
@@ -90,7 +91,9 @@ def load_data(config, tokenizer) -> Data:
     raise SystemExit(f"error: no training examples left after holding out test tasks and eval examples "
                      f"({len(examples)} examples, {len(heldout)} of test tasks, {len(evals)} for eval)")
   over_budget = sum(len(e.target_ids) - 1 > config.sampler.max_new_tokens for e in train)
-  summary = dict(source=source, records=st.records, kept=st.kept, dropped_too_long=st.dropped_too_long,
+  summary = dict(source=source, records=st.records,
+                 prompts_fitted=sum(bool(r.get("attempts_dropped")) for r in records),
+                 kept=st.kept, dropped_too_long=st.dropped_too_long,
                  truncated=st.truncated, longest=st.longest, train=len(train), eval=len(evals),
                  heldout_tasks=len(heldout), train_tokens=sum(e.length for e in train),
                  train_target_tokens=sum(len(e.target_ids) for e in train),

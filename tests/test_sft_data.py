@@ -119,6 +119,33 @@ def test_bundled_corpus_passes_the_reasoning_style():
   assert later and all(q != p for q, p in later)  # Needs kevin_jax/data/suite_results.json (committed).
 
 
+def test_fitted_corpus_shows_the_rollouts_prompts(tok):
+  """rollout_fit: each later-turn prompt within the budget, the oldest attempts dropped as a rollout drops them."""
+  every = D.bundled_corpus(TASKS, kinds=export_corpus.ALL_KINDS, reasoning="plain")
+  def length(r):
+    return len(tok.encode_chat(r["messages"], add_generation_prompt=True))
+  assert all(r["attempts_dropped"] == 0 for r in every)
+  budget = max(length(r) for r in every if r["turn"] <= 2) + 1  # Every prompt with at most one attempt fits.
+  over = [r for r in every if length(r) > budget]
+  assert over and {r["turn"] for r in over} == {3}  # Two-attempt prompts (needs data/suite_results.json).
+  fitted = D.bundled_corpus(TASKS, kinds=export_corpus.ALL_KINDS, reasoning="plain", fit=D.rollout_fit(tok, budget))
+  assert len(fitted) == len(every)
+  for f, e in zip(fitted, every):
+    assert (f["task_id"], f["kind"], f["response"]) == (e["task_id"], e["kind"], e["response"])
+    assert length(f) <= budget
+    if length(e) <= budget:
+      assert f["messages"] == e["messages"] and f["attempts_dropped"] == 0
+    else:  # Attempt 1 dropped, attempt 2 kept under its own number: what rollout.rollout's third turn shows.
+      assert f["attempts_dropped"] == 1
+      user = f["messages"][1]["content"]
+      assert "Attempt 2" in user and "Attempt 1" not in user
+      assert user.split("Attempt 2", 1)[1] == e["messages"][1]["content"].split("Attempt 2", 1)[1]
+  assert D.bundled_corpus(TASKS, kinds=export_corpus.ALL_KINDS, reasoning="plain",
+                          fit=D.rollout_fit(tok, 10**6)) == every
+  with pytest.raises(ValueError, match="positive"):
+    D.rollout_fit(tok, 0)
+
+
 def test_split_keeps_test_tasks_out_of_training():
   exs = [D.Example((1,), (2, 3), f"t{i % 4}", "") for i in range(40)]
   train, evals, held = D.split(exs, test_task_ids={"t3"}, exclude_test_tasks=True, eval_fraction=0.1, seed=0)

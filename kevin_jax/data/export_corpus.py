@@ -52,10 +52,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from kevin_jax.kernels import suite, tasks
 from kevin_jax.rl import prompts
@@ -156,13 +157,23 @@ def _lower_first(s: str) -> str:
   return s[:1].lower() + s[1:] if s else "does not compute what the reference computes"
 
 
+# Builds a turn's prompt from the task source and the earlier attempts: (messages, attempts dropped). The default
+# keeps every attempt; the warm start passes the rollout's own prompts.fit_messages within its prompt budget.
+Fit = Callable[[str, Sequence[prompts.Attempt]], tuple[list[dict[str, str]], int]]
+
+
+def every_attempt(task_source: str, attempts: Sequence[prompts.Attempt]) -> tuple[list[dict[str, str]], int]:
+  return prompts.build_messages(task_source, attempts), 0
+
+
 def _record(task: suite.SuiteTask, kind: str, attempts: list[prompts.Attempt], names: list[str],
-            reasoning: str, target: suite.SuiteCandidate) -> dict[str, Any]:
-  return {"messages": prompts.build_messages(task.spec.source, attempts),
+            reasoning: str, target: suite.SuiteCandidate, fit: Fit = every_attempt) -> dict[str, Any]:
+  messages, dropped = fit(task.spec.source, attempts)
+  return {"messages": messages,
           "response": prompts.format_response(reasoning, target.text, target.summary),
           "task_id": task.id, "level": task.level, "kind": kind,
           "quality": "correct" if target.expect == "correct" else "wrong", "target": target.name,
-          "attempts": names, "turn": len(attempts) + 1}
+          "attempts": names, "attempts_dropped": dropped, "turn": len(attempts) + 1}
 
 
 def check_reasoning(reasoning: str) -> str:
@@ -172,20 +183,21 @@ def check_reasoning(reasoning: str) -> str:
 
 
 def examples_for_task(task: suite.SuiteTask, results: dict[str, dict] | None,
-                      kinds=KINDS, reasoning: str = "quote") -> tuple[list[dict], list[str]]:
-  """The corpus records of one task (of the given kinds, later-turn reasoning in the given style) and the notes on
-  what was left out (status != label, no results)."""
+                      kinds=KINDS, reasoning: str = "quote", fit: Fit = every_attempt) -> tuple[list[dict], list[str]]:
+  """The corpus records of one task (of the given kinds, later-turn reasoning in the given style, prompts built by
+  `fit`) and the notes on what was left out (status != label, no results)."""
   kinds = check_kinds(kinds)
-  out, notes = _all_examples(task, results, check_reasoning(reasoning) == "plain")
+  out, notes = _all_examples(task, results, check_reasoning(reasoning) == "plain", fit)
   return [r for r in out if r["kind"] in kinds], notes
 
 
 def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
-                  plain: bool = False) -> tuple[list[dict], list[str]]:
+                  plain: bool = False, fit: Fit = every_attempt) -> tuple[list[dict], list[str]]:
+  record = functools.partial(_record, fit=fit)
   meta = task.meta
   cands = {c.name: c for c in task.candidates()}
   naive, opt = cands["naive"], cands["optimized"]
-  out = [_record(task, "single", [], [], reasoning_single(meta, c), c) for c in (naive, opt)]
+  out = [record(task, "single", [], [], reasoning_single(meta, c), c) for c in (naive, opt)]
   notes = []
   if results is None:
     return out, []
@@ -193,8 +205,8 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
     return out, [f"{task.id}: no evaluator results, single-turn examples only"]
   broken = format_error_attempt(opt, reasoning_single(meta, opt))
   retry = reasoning_plain(meta, "no_kernel", opt) if plain else reasoning_retry(meta, broken.feedback, opt)
-  out.append(_record(task, "retry_format", [broken], ["format_error"], retry, opt))
-  out.append(_record(task, "format_twice", [broken, broken], ["format_error", "format_error"], retry, opt))
+  out.append(record(task, "retry_format", [broken], ["format_error"], retry, opt))
+  out.append(record(task, "format_twice", [broken, broken], ["format_error", "format_error"], retry, opt))
 
   def attempt(c: suite.SuiteCandidate):
     r = results.get(c.name)
@@ -211,16 +223,16 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
   if opt_res.get("feedback") and opt_res.get("status") == opt.expect == "correct" and opt_res.get("speedup"):
     opt_att = prompts.Attempt(candidate_text=opt.text, summary=opt.summary, feedback=opt_res["feedback"])
     keep = reasoning_plain(meta, "fast", opt) if plain else reasoning_keep(meta, opt_res, opt)
-    out.append(_record(task, "keep_fast", [opt_att], ["optimized"], keep, opt))
-    out.append(_record(task, "fast_then_format", [opt_att, broken], ["optimized", "format_error"], retry, opt))
+    out.append(record(task, "keep_fast", [opt_att], ["optimized"], keep, opt))
+    out.append(record(task, "fast_then_format", [opt_att, broken], ["optimized", "format_error"], retry, opt))
   faster = (naive_res is not None and opt_res.get("status") == "correct" and naive_res.get("speedup")
             and opt_res.get("speedup") and opt_res["speedup"] > naive_res["speedup"])
   speed = (reasoning_plain(meta, "slow", opt) if plain else reasoning_speed(meta, naive_res, opt)) if faster else ""
   if faster:
-    out.append(_record(task, "speed_up", [naive_att], ["naive"], speed, opt))
+    out.append(record(task, "speed_up", [naive_att], ["naive"], speed, opt))
     stay = (reasoning_plain(meta, "slow", naive, plan="I keep it") if plain
             else reasoning_speed(meta, naive_res, naive, plan="I keep it"))
-    out.append(_record(task, "slow_again", [naive_att], ["naive"], stay, naive))
+    out.append(record(task, "slow_again", [naive_att], ["naive"], stay, naive))
   wrongs = []  # (variant, its attempt, its recorded result) for the variants whose recorded status is their label.
   for c in cands.values():
     if c.kind != "variant":
@@ -229,15 +241,15 @@ def _all_examples(task: suite.SuiteTask, results: dict[str, dict] | None,
     if wrong_att is not None:
       wrongs.append((c, wrong_att, wrong_res))
   for i, (c, wrong_att, wrong_res) in enumerate(wrongs):
-    out.append(_record(task, "first_wrong", [], [], reasoning_single(meta, c), c))
+    out.append(record(task, "first_wrong", [], [], reasoning_single(meta, c), c))
     fix = reasoning_plain(meta, "wrong", opt) if plain else reasoning_fix(meta, c, wrong_res["feedback"], opt)
-    out.append(_record(task, "fix_wrong", [wrong_att], [c.name], fix, opt))
+    out.append(record(task, "fix_wrong", [wrong_att], [c.name], fix, opt))
     again = wrongs[(i + 1) % len(wrongs)][0]  # The next known-wrong variant (itself when it is the only one).
     fix_again = (reasoning_plain(meta, "wrong", again) if plain
                  else reasoning_fix(meta, c, wrong_res["feedback"], again))
-    out.append(_record(task, "wrong_again", [wrong_att], [c.name], fix_again, again))
+    out.append(record(task, "wrong_again", [wrong_att], [c.name], fix_again, again))
     if faster:
-      out.append(_record(task, "fix_then_speed_up", [wrong_att, naive_att], [c.name, "naive"], speed, opt))
+      out.append(record(task, "fix_then_speed_up", [wrong_att, naive_att], [c.name, "naive"], speed, opt))
   return out, notes
 
 

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from kevin_jax.rl import prompts
 from kevin_jax.rl.sft_step import SFTBatch
 
 class CorpusError(ValueError):
@@ -76,12 +77,13 @@ def _validate(rec: Any, where: str) -> None:
 
 
 def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None,
-                   reasoning: str = "quote") -> list[dict[str, Any]]:
+                   reasoning: str = "quote", fit=None) -> list[dict[str, Any]]:
   """The bundled suite's corpus for the given task ids, built by kevin_jax/data/export_corpus.py in memory.
 
   Single-turn examples (naive and optimized solutions) for every task, plus multi-turn fix / speed-up episodes
   with real evaluator feedback when kevin_jax/data/suite_results.json (an H200 verification run) exists.
-  Task ids outside the bundled suite contribute nothing. `kinds` and `reasoning`: export_corpus.examples_for_task.
+  Task ids outside the bundled suite contribute nothing. `kinds` and `reasoning`: export_corpus.examples_for_task;
+  `fit` (an export_corpus.Fit, e.g. from `rollout_fit`) builds the later-turn prompts; None = every attempt.
   """
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
   from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
@@ -92,8 +94,24 @@ def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None,
   for task in suite.load_suite():
     if task.id in wanted:
       records += export_corpus.examples_for_task(task, None if results is None else results.get(task.id, {}),
-                                                 export_corpus.KINDS if kinds is None else kinds, reasoning)[0]
+                                                 export_corpus.KINDS if kinds is None else kinds, reasoning,
+                                                 fit or export_corpus.every_attempt)[0]
   return records
+
+
+def rollout_fit(tokenizer, max_context_tokens: int):
+  """The rollout's prompt builder as an export_corpus.Fit: rl/prompts.fit_messages within `max_context_tokens`,
+  counted as the sampler is given the prompt (oldest earlier attempts dropped first). Warm-start examples built
+  with it show the policy the prompts RL will show it, rather than prompts longer than any rollout's."""
+  if max_context_tokens <= 0:
+    raise ValueError(f"max_context_tokens must be positive, got {max_context_tokens}")
+
+  def count(messages) -> int:
+    return len(tokenizer.encode_chat(messages, add_generation_prompt=True))
+
+  def fit(task_source, attempts):
+    return prompts.fit_messages(task_source, attempts, count, max_context_tokens)
+  return fit
 
 
 def end_of_turn_id(tokenizer) -> int:
