@@ -102,6 +102,11 @@ def load_data(config, tokenizer) -> Data:
   if st.dropped_too_long or st.truncated:
     logging.warning("sft: %d examples longer than sft.max_seq_len=%d were %s", st.dropped_too_long + st.truncated,
                     s.max_seq_len, "truncated" if s.truncate else "dropped")
+  rl_len = int(config.rollout.max_context_tokens) + int(config.sampler.max_new_tokens)
+  if s.max_seq_len < rl_len:
+    logging.warning("sft: sft.max_seq_len=%d is shorter than RL's longest sequence (rollout.max_context_tokens + "
+                    "sampler.max_new_tokens = %d): the warm start never trains at the lengths RL reaches",
+                    s.max_seq_len, rl_len)
   if over_budget:
     logging.warning("sft: %d training responses are longer than sampler.max_new_tokens=%d (RL cuts them there)",
                     over_budget, config.sampler.max_new_tokens)

@@ -44,6 +44,10 @@ def test_embedded_default_sizes():
   # The mixture warm start (README "Results", twelfth session): every corpus kind, plain later-turn reasoning.
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
   assert tuple(c.sft.corpus_kinds) == export_corpus.ALL_KINDS and c.sft.corpus_reasoning == "plain"
+  # The warm start trains on the sequences RL samples: prompts fitted within RL's prompt budget, and room for RL's
+  # whole response budget (5,120 = 4,096 + 1,024 silently stopped holding when responses grew to 2,048).
+  assert c.sft.fit_prompts and c.rollout.max_context_tokens == 3072
+  assert c.sft.max_seq_len == c.rollout.max_context_tokens + c.sampler.max_new_tokens
 
 
 def test_sections_present():
