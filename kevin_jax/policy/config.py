@@ -55,7 +55,7 @@ class ModelConfig:
       of policy/decode_mlp.py on a GPU when its shape rules hold and the batch is at most
       decode_mlp.AUTO_MAX_ROWS, else 'xla') | 'xla' (two einsums and an elementwise kernel) | 'pallas' |
       'interpret' (CPU tests). Multi-token calls (prefill, training) always use 'xla'.
-    decode_down: the MLP's down projection in a one-token decode step: 'xla' (one einsum) | 'pallas' (experimental:
+    decode_down: the MLP's down projection in a one-token decode step: 'xla' (one einsum) | 'pallas' (opt-in:
       decode_mlp.down_proj, split along the intermediate size: +5 % decode tokens/s on the 0.5B shape at batch 64,
       slower at 256 rows and on the 1.5B shape; BENCHMARKS.md "Sampler") | 'interpret'.
   """

@@ -8,7 +8,8 @@ Prompt = tokenizer.encode_chat(messages, add_generation_prompt=True) (exactly wh
 target = tokenizer.encode(response) + [end-of-turn id] (<|im_end|> in Qwen templates), so the policy learns to
 stop. Only target tokens carry loss. Without a corpus file the bundled suite's corpus is built in memory
 by kevin_jax/data/export_corpus.py (`bundled_corpus`), the same records `python -m kevin_jax.data.export_corpus`
-writes.
+writes, except that the warm start (sft.fit_prompts) builds the later-turn prompts as rollouts build them
+(`rollout_fit`: the oldest attempts dropped to fit the prompt budget) where the exporter keeps every attempt.
 
 Batch order: epoch e is a permutation drawn from (seed, e), topped up to a multiple of the batch size, sorted by
 length within windows of `length_group` batches (less padding), cut into batches whose order is shuffled.
