@@ -2,7 +2,9 @@
 
 - attention_impl='cudnn' (flash kernel) agrees with the einsum path in bf16, forward and gradients;
 - the bf16 sampler on the GPU decodes what a float32 reference forward pass predicts;
-- the GPU sampler's greedy tokens equal transformers' generate on the same (float32) checkpoint.
+- the GPU sampler's greedy tokens equal transformers' generate on the same (float32) checkpoint;
+  both sampler tests run with the decode step's down projection as XLA's einsum and as the split Pallas kernel
+  (ModelConfig.decode_down).
 - the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches).
 """
 
@@ -57,11 +59,12 @@ def test_cudnn_attention_matches_xla_bf16():
     assert np.linalg.norm(a - c) <= 5e-2 * np.linalg.norm(a) + 1e-6, jax.tree_util.keystr(path)
 
 
-def test_bf16_sampler_on_gpu_matches_fp32_forward(tmp_path):
+@pytest.mark.parametrize("decode_down", ["xla", "pallas"])
+def test_bf16_sampler_on_gpu_matches_fp32_forward(tmp_path, decode_down):
   dev = _gpu()
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)
   with jax.default_device(dev):
-    model = load_pretrained(tmp_path, dtype="bfloat16", compute_dtype="bfloat16")
+    model = load_pretrained(tmp_path, dtype="bfloat16", compute_dtype="bfloat16", decode_down=decode_down)
     ref = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32")
     prompts = [list(range(3, 3 + n)) for n in (5, 40, 17)]
     sampler = Sampler(model.cfg, None, SamplerConfig(batch_size=4, prompt_buckets=(64,)))
@@ -76,13 +79,14 @@ def test_bf16_sampler_on_gpu_matches_fp32_forward(tmp_path):
         assert np.mean(np.abs(fresh - lp)) < 0.03
 
 
-def test_greedy_on_gpu_equals_transformers(tmp_path):
+@pytest.mark.parametrize("decode_down", ["xla", "pallas"])
+def test_greedy_on_gpu_equals_transformers(tmp_path, decode_down):
   import torch  # pylint: disable=g-import-not-at-top
   dev = _gpu()
   hf = make_hf_qwen2(tmp_path, tie=False, num_heads=4, num_kv_heads=2, hidden_size=64, vocab_size=256)
   prompts = [list(np.random.RandomState(n).randint(0, 256, n)) for n in (5, 11, 3, 8)]
   with jax.default_device(dev), jax.default_matmul_precision("highest"):
-    model = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32")
+    model = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32", decode_down=decode_down)
     cfg = SamplerConfig(batch_size=4, prompt_buckets=(16,), kv_cache_dtype="float32")
     out = Sampler(model.cfg, None, cfg).generate(model, prompts, seed=0, temperature=0.0, max_new_tokens=64)
   for p, toks in zip(prompts, out.tokens):
