@@ -98,3 +98,31 @@ def test_a_gpu_role_that_cannot_start_gives_evaluator_errors(tmp_path):
   assert [r.status for r in rs] == ["runtime_error", "runtime_error"]
   assert all(r.flags == ["evaluator_error"] for r in rs)
   assert "failed to start 3 times" in rs[0].error and "unknown worker role" in rs[0].error
+
+
+def test_result_cache_answers_repeats_in_later_batches(tmp_path):
+  cfg = EvaluatorConfig(compile_workers=1, spare_workers=False, run_timeout_s=3.0, result_cache=2,
+                        cache_dir=str(tmp_path))
+  with Evaluator(cfg, task_source=TASKS, _gpu_role="fake") as e:
+    a, h = e.evaluate([("vec_add", marked("ok", "a")), ("vec_add", marked("hang"))])
+    assert a.status == "correct" and h.status == "timeout"
+    # A repeat in a later batch, twice in the batch: one cached copy, its in-batch duplicate shares it.
+    a2, a3, h2 = e.evaluate([("vec_add", marked("ok", "a")), ("vec_add", marked("ok", "a")),
+                             ("vec_add", marked("hang"))])
+    assert a2.flags == ["cached"] and a3.flags == ["cached", "deduplicated"]
+    assert (a2.status, a2.score, a2.speedup, a2.feedback) == (a.status, a.score, a.speedup, a.feedback)
+    assert a2.eval_id == a.eval_id and a2.times == {"total": 0.0} and a2.details["cached_times"] == a.times
+    assert h2.status == "timeout" and "cached" not in h2.flags  # A hang may be the machine's: evaluated again.
+    # LRU of 2 entries: b and c push a out, so a is evaluated afresh.
+    e.evaluate([("vec_add", marked("ok", "b")), ("vec_add", marked("ok", "c"))])
+    (a4,) = e.evaluate([("vec_add", marked("ok", "a"))])
+    assert a4.flags == [] and a4.eval_id != a.eval_id
+  with pytest.raises(ValueError, match="result_cache"):
+    EvaluatorConfig(result_cache=-1)
+
+
+def test_without_dedupe_every_copy_gets_its_own_result(tmp_path):
+  cfg = EvaluatorConfig(compile_workers=1, spare_workers=False, dedupe=False, cache_dir=str(tmp_path))
+  with Evaluator(cfg, task_source=TASKS, _gpu_role="fake") as e:
+    a, b = e.evaluate([("vec_add", marked("ok", "x")), ("vec_add", marked("ok", "x"))])
+  assert a.status == b.status == "correct" and a.eval_id != b.eval_id and not a.flags and not b.flags

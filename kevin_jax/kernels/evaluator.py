@@ -5,13 +5,15 @@
       results = ev.evaluate([(task_id, text), ...])   # same order; never raises for a bad candidate
       r = ev.check_static(task_id, text)               # parse + validate + NVRTC only (works without a GPU)
 
-A batch is deduplicated, every candidate is parsed/validated/compiled in the compile pool (parallel across CPU
+A batch is deduplicated (and, with `result_cache` > 0, candidates this evaluator has already evaluated for the
+same task are answered from memory, flagged "cached"), every candidate is parsed/validated/compiled in the compile pool (parallel across CPU
 cores), and each one that compiles is queued to the GPU pool as soon as it is ready, so compilation overlaps GPU
 work and every GPU slot stays busy. This process never touches CUDA (see supervisor.py).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -72,6 +74,7 @@ class EvaluatorConfig:
   max_static_device_bytes: int = 256 * 2**20
   spare_workers: bool = True
   dedupe: bool = True
+  result_cache: int = 0  # Results kept for identical (task, candidate) pairs of later batches (LRU entries); 0 = off.
   feedback_max_chars: int = 2000
 
   def __post_init__(self):
@@ -80,6 +83,8 @@ class EvaluatorConfig:
       raise ValueError(f"ref_timing must be 'interleaved' or 'cached', got {self.ref_timing!r}")
     if self.timing_graphs not in ("auto", "always", "never"):
       raise ValueError(f"timing_graphs must be auto | always | never, got {self.timing_graphs!r}")
+    if self.result_cache < 0:
+      raise ValueError(f"result_cache must be >= 0 (entries; 0 = off), got {self.result_cache}")
     if self.correctness_trials < 1:
       raise ValueError("correctness_trials must be >= 1")
     if self.timing_max_s < 0 or self.timing_min_runs < 1:
@@ -150,6 +155,7 @@ class Evaluator:
                       start_timeout_s=cfg.worker_start_timeout_s, memory_limit_bytes=mem,
                       spares=cfg.spare_workers) if envs else None)
     self._unsafe: dict[str, set] = {}
+    self._results: collections.OrderedDict[tuple[str, str], EvalResult] = collections.OrderedDict()
     self._task_infos: dict[str, dict] = {}
     self._ref_cache_path = os.path.join(self.cache_dir, "ref_times.json")
     self._ref_cache = self._load_ref_cache()
@@ -178,14 +184,18 @@ class Evaluator:
     items = list(items)
     t0 = time.monotonic()
     self._wait_for_gpu_description()
-    works, results, dups = [], [None] * len(items), {}
+    works, results, dups, hits = [], [None] * len(items), {}, []
     for i, (task_id, text) in enumerate(items):
       key = (task_id, text)
       if self.cfg.dedupe and key in dups:
         dups[key].append(i)
         continue
       dups[key] = [i]
-      works.append(self._new_work(i, task_id, text))
+      hit = self._cached(key)
+      if hit is not None:
+        hits.append((i, key, hit))
+      else:
+        works.append(self._new_work(i, task_id, text))
     pending = {id(w): w for w in works}
     for w in works:
       if w.result is None:
@@ -202,9 +212,15 @@ class Evaluator:
         last_log = time.monotonic()
         log.info("evaluate: %d/%d done (%.0f s)", len(works) - len(pending), len(works), last_log - t0)
     for w in works:
-      for j in dups[(w.task_id, w.text)]:
-        r = w.result if j == w.index else _copy_dup(w.result)
-        results[j] = r
+      self._remember((w.task_id, w.text), w.result)
+      for j in (dups[(w.task_id, w.text)] if self.cfg.dedupe else [w.index]):
+        results[j] = w.result if j == w.index else _copy_dup(w.result)
+    for i, key, hit in hits:
+      for j in (dups[key] if self.cfg.dedupe else [i]):
+        results[j] = hit if j == i else _copy_dup(hit)
+    if hits:
+      log.debug("evaluate: %d of %d distinct candidates answered from the result cache", len(hits),
+                len(hits) + len(works))
     self._save_ref_cache()
     return results
 
@@ -357,6 +373,32 @@ class Evaluator:
     if key and self._ref_cache.get(key):
       r.details["ref_time_ms_cached"] = statistics.median(self._ref_cache[key])
     w.result = finalize(r, self.cfg)
+
+  # --- result cache (cfg.result_cache) ------------------------------------------------------------------------
+  # An identical (task, candidate) pair is the same program on the same task: a later batch gets the earlier
+  # result (a copy flagged "cached", timings emptied so GPU-work metrics count it once) instead of another GPU run.
+  # In RL a memorising policy writes the same kernels on every visit of a task, and most of the evaluator's GPU
+  # time is re-timing them (BENCHMARKS.md, "Embedded default job"). Results the candidate may not deserve
+  # (evaluator errors, timeouts: a hang can be the machine's) are never kept.
+
+  def _cached(self, key: tuple[str, str]) -> EvalResult | None:
+    r = self._results.get(key)
+    if r is None:
+      return None
+    self._results.move_to_end(key)
+    d = r.to_dict()
+    d["flags"] = list(d["flags"]) + ["cached"]
+    d["times"] = {"total": 0.0}
+    d["details"] = {**d["details"], "cached_times": r.times}
+    return EvalResult.from_dict(d)
+
+  def _remember(self, key: tuple[str, str], r: EvalResult) -> None:
+    if not self.cfg.result_cache or r.status == "timeout" or "evaluator_error" in r.flags:
+      return
+    self._results[key] = r
+    self._results.move_to_end(key)
+    while len(self._results) > self.cfg.result_cache:
+      self._results.popitem(last=False)
 
   # --- reference timing cache ------------------------------------------------------------------------------
 

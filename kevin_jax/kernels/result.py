@@ -34,6 +34,7 @@ FLAGS = {
     "banned_call": "printf/malloc/free in device code",
     "cuda_graphs": "timed with CUDA graphs (launch-bound task)",
     "deduplicated": "identical (task, candidate) in the batch; result shared",
+    "cached": "identical (task, candidate) evaluated in an earlier batch; that result reused (result_cache)",
 }
 
 
