@@ -215,7 +215,8 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
 # prompts built from every earlier attempt before the nineteenth (2026-12-04; now 3072, fitted as rollouts are).
 _PINNED = {"sampler.temperature": "0.9", "sft.corpus_kinds": repr(export_corpus.KINDS),
            "sft.corpus_reasoning": "quote", "total_steps": "20", "evaluator.ref_timing": "interleaved",
-           "evaluator.timing_max_s": "0.0", "rollout.max_context_tokens": "4096", "sft.fit_prompts": "False"}
+           "evaluator.timing_max_s": "0.0", "rollout.max_context_tokens": "4096", "sft.fit_prompts": "False",
+           "evaluator.result_cache": "0"}
 SWEEPS["evidence"] = [(name, config, [f"--config.{key}={value}" for key, value in _PINNED.items()
                                       if not any(o.startswith(f"--config.{key}=") for o in overrides)] + overrides)
                       for name, config, overrides in SWEEPS["evidence"]]
