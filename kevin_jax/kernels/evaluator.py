@@ -5,10 +5,10 @@
       results = ev.evaluate([(task_id, text), ...])   # same order; never raises for a bad candidate
       r = ev.check_static(task_id, text)               # parse + validate + NVRTC only (works without a GPU)
 
-A batch is deduplicated (and, with `result_cache` > 0, candidates this evaluator has already evaluated for the
-same task are answered from memory, flagged "cached"), every candidate is parsed/validated/compiled in the compile pool (parallel across CPU
-cores), and each one that compiles is queued to the GPU pool as soon as it is ready, so compilation overlaps GPU
-work and every GPU slot stays busy. This process never touches CUDA (see supervisor.py).
+A batch is deduplicated (and, with `result_cache` > 0, a candidate this evaluator has already evaluated for the
+same task gets that result, flagged "cached"), every other candidate is parsed/validated/compiled in the compile
+pool (parallel across CPU cores), and each one that compiles is queued to the GPU pool as soon as it is ready, so
+compilation overlaps GPU work and every GPU slot stays busy. This process never touches CUDA (see supervisor.py).
 """
 
 from __future__ import annotations
