@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default job (python -m kevin_jax.main --config=configs/multiturn.py, ~16 min on one H200) as three phases
+# The default job (python -m kevin_jax.main --config=configs/multiturn.py, ~12-16 min on one H200) as three phases
 # of one device call each (at most 10 minutes): a job spanning several calls is lost whenever the machine is given
 # back between them (30 s idle), and each phase here needs only what the previous one returned.
 #
@@ -13,7 +13,10 @@
 # phase the same ones. The evaluations of `warm` and `eval` use the same sampling seeds as the one job's step-0 and
 # closing evaluations, so they are paired as those are, and the phases compute what the one job computes
 # (tests/test_train_loop.py::test_total_steps_zero_evaluates_the_start_and_an_export_in_phases); both are logged
-# as "eval at step 0" of their own workdirs. From this machine, with the device tool, carrying .whl (and .carry):
+# as "eval at step 0" of their own workdirs. One difference: the one job's evaluator keeps results across its
+# evaluations and steps (evaluator.result_cache), so its closing evaluation reuses the verdict and timing of a kernel
+# it has already seen; each phase is its own process and evaluates afresh (same checks, a fresh timing).
+# From this machine, with the device tool, carrying .whl (and .carry):
 #
 #   KEEP=warm/sft/hf bash experiments/gpu_session.sh 'warm=570=bash experiments/default_phases.sh warm 1'
 #   mkdir -p .carry && cat <files_at>/keep.tgz.part* > .carry/warm_hf.tgz
