@@ -144,11 +144,11 @@ class InTrainingEval:
       k = self.settings.trajectories
       logging.info("eval at step %d, %s split (%d tasks, %d x %d): kernel score mean %.3f, kernels correct %.1f%%, "
                    "correct best@%d %.0f%%, perf best@%d %.2fx, perf avg@%d %.2fx; generate %.0f s, evaluate %.0f s "
-                   "(%d GPU runs, %.0f s)", step, split, len(ids), k,
+                   "(%d GPU runs, %.0f s; %d results cached)", step, split, len(ids), k,
                    self.settings.turns, summary["kernel/score_mean"], 100 * summary["kernel/correct_rate"], k,
                    100 * summary["correct_best"], k, summary["perf_best"], k, summary["perf_avg"],
                    summary["time/generate_s"], summary["time/evaluate_s"], summary["evaluator/gpu_runs"],
-                   summary["evaluator/gpu_s"])
+                   summary["evaluator/gpu_s"], summary["evaluator/cached"])
     self._writer.write(step, out)
     return out
 
@@ -272,7 +272,7 @@ def run(config, workdir: str) -> None:
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],
                       eval_s=m["time/evaluate_s"], learn_s=m["time/learn_s"],
                       gen_tok_s=m["speed/generate_tokens_per_s"], evals_s=m["speed/evaluations_per_s"],
-                      gpu_runs=m["evaluator/gpu_runs"])
+                      gpu_runs=m["evaluator/gpu_runs"], cached=m["evaluator/cached"])
       fits, left, need = budget.room_for_step(evaluating_now=in_eval.due(step))
       if step < last and not fits:
         last = step

@@ -72,6 +72,6 @@ def test_gpu_work_counts_each_evaluation_once():
   static = {"eval_id": "c", "status": "compile_error", "times": {"compile": 0.2}}  # never reached the GPU
   fmt = {"status": "format_error"}  # no evaluator result at all
   cached = {"eval_id": "d", "status": "correct", "flags": ["cached"], "times": {"total": 0.0}}  # an earlier batch's
-  got = km.gpu_work([a, b, dict(a), static, fmt, a, cached])  # a copy with the same eval_id is the same evaluation
-  assert got == {"gpu_runs": 2.0, "gpu_s": 1.75}
-  assert km.gpu_work([]) == {"gpu_runs": 0.0, "gpu_s": 0.0}
+  got = km.gpu_work([a, b, dict(a), static, fmt, a, cached, dict(cached)])  # same eval_id: the same evaluation
+  assert got == {"gpu_runs": 2.0, "gpu_s": 1.75, "cached": 2.0}
+  assert km.gpu_work([]) == {"gpu_runs": 0.0, "gpu_s": 0.0, "cached": 0.0}

@@ -88,8 +88,12 @@ def kernel_summary(statuses: Sequence[str], scores: Sequence[float], speedups: S
 def gpu_work(results: Iterable[dict]) -> dict[str, float]:
   """The evaluator's GPU work behind a batch of results: `gpu_runs`, the distinct candidates that reached the GPU
   worker (the evaluator runs duplicates once and hands every copy the same result, same `eval_id`; results reused
-  from an earlier batch, flagged "cached", carry no GPU times), and `gpu_s`, the sum of their `times['gpu_total']`
-  (one worker per GPU runs them back to back)."""
-  ran = {r.get("eval_id") or id(r): r["times"]["gpu_total"] for r in results
-         if "gpu_total" in (r.get("times") or {})}
-  return {"gpu_runs": float(len(ran)), "gpu_s": float(sum(ran.values()))}
+  from an earlier batch, flagged "cached", carry no GPU times), `gpu_s`, the sum of their `times['gpu_total']`
+  (one worker per GPU runs them back to back), and `cached`, the results answered from the evaluator's result
+  cache (copies included)."""
+  ran, cached = {}, 0
+  for r in results:
+    if "gpu_total" in (r.get("times") or {}):
+      ran[r.get("eval_id") or id(r)] = r["times"]["gpu_total"]
+    cached += "cached" in (r.get("flags") or ())
+  return {"gpu_runs": float(len(ran)), "gpu_s": float(sum(ran.values())), "cached": float(cached)}
