@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
-import json
 import math
 import os
 import statistics
@@ -25,17 +23,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import turn_table  # pylint: disable=wrong-import-position
 from kevin_jax.metrics import read_metrics  # pylint: disable=wrong-import-position
 
 PHASES = ("warm", "after")
 WINDOW = 5  # RL steps in the curves' running mean (each step draws 2 of the 30 tasks: single steps are noisy).
-
-
-def _turns(path: str) -> list[dict]:
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def per_task_scores(turns: list[dict]) -> dict[str, float]:
@@ -59,7 +53,7 @@ def summarize(run_dir: str) -> dict:
   evals, turns = {}, {}
   for phase in PHASES:
     evals[phase] = list(read_metrics(os.path.join(run_dir, phase, "eval_metrics.jsonl")).values())[-1]
-    turns[phase] = _turns(os.path.join(run_dir, phase, "eval_rollouts_train.jsonl.gz"))
+    turns[phase] = turn_table.read_turns(os.path.join(run_dir, phase, "eval_rollouts_train.jsonl.gz"))
   before, after = (per_task_scores(turns[p]) for p in PHASES)
   if set(before) != set(after):
     raise ValueError(f"{run_dir}: the two evaluations cover different tasks")

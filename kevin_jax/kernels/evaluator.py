@@ -213,11 +213,9 @@ class Evaluator:
         log.info("evaluate: %d/%d done (%.0f s)", len(works) - len(pending), len(works), last_log - t0)
     for w in works:
       self._remember((w.task_id, w.text), w.result)
-      for j in (dups[(w.task_id, w.text)] if self.cfg.dedupe else [w.index]):
-        results[j] = w.result if j == w.index else _copy_dup(w.result)
-    for i, key, hit in hits:
+    for i, key, r in [(w.index, (w.task_id, w.text), w.result) for w in works] + hits:
       for j in (dups[key] if self.cfg.dedupe else [i]):
-        results[j] = hit if j == i else _copy_dup(hit)
+        results[j] = r if j == i else _flagged_copy(r, "deduplicated")
     if hits:
       log.debug("evaluate: %d of %d distinct candidates answered from the result cache", len(hits),
                 len(hits) + len(works))
@@ -386,11 +384,9 @@ class Evaluator:
     if r is None:
       return None
     self._results.move_to_end(key)
-    d = r.to_dict()
-    d["flags"] = list(d["flags"]) + ["cached"]
-    d["times"] = {"total": 0.0}
-    d["details"] = {**d["details"], "cached_times": r.times}
-    return EvalResult.from_dict(d)
+    hit = _flagged_copy(r, "cached")
+    hit.details["cached_times"], hit.times = hit.times, {"total": 0.0}
+    return hit
 
   def _remember(self, key: tuple[str, str], r: EvalResult) -> None:
     if not self.cfg.result_cache or r.status == "timeout" or "evaluator_error" in r.flags:
@@ -431,7 +427,8 @@ class Evaluator:
       pass
 
 
-def _copy_dup(r: EvalResult) -> EvalResult:
+def _flagged_copy(r: EvalResult, flag: str) -> EvalResult:
+  """A deep copy of r with `flag` added to its flags (the caller may edit the copy)."""
   d = r.to_dict()
-  d["flags"] = list(d["flags"]) + ["deduplicated"]
+  d["flags"] = list(d["flags"]) + [flag]
   return EvalResult.from_dict(d)

@@ -15,7 +15,7 @@ compares with the jnp expression in interpret mode on the CPU (fp32, exact dots)
 `down_proj`, the MLP's down projection split along F, is opt-in: the model uses it only with
 ModelConfig.decode_down='pallas' (default 'xla'). On an H200 it beat XLA's einsum at 64 rows on the 0.5B shape
 (alone 8.9 against 10.6 µs per layer; decode +5 %) but not at 256 rows or on the 1.5B shape with its default
-blocks (BENCHMARKS.md "Sampler", 2026-12-04); the sampler-level GPU tests have not yet run with it.
+blocks (BENCHMARKS.md "Sampler", 2026-12-04). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
 """
 
 from __future__ import annotations
