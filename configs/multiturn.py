@@ -23,11 +23,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.mode = "train"  # Which job main.py runs: train | evaluate | sft.
   c.seed = 0  # Root PRNG seed: parameters, sampling, task order.
   c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
-  c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. The mixture warm
-  #   start gained +34 % in 28 steps (README "Results"); the whole run (warm start, 30 steps, before/after
-  #   evaluations of both splits) projects to ~16 min on one H200 (~18 without the evaluator's timing budget;
-  #   BENCHMARKS.md, "Embedded default job"). 20 until 2026-12-03. 0 = no RL: the warm start (if due) and the
-  #   starting policy's evaluation only.
+  c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. 30 steps took the
+  #   warm start +38.5 % (seed 0) and +36.1 % (seed 1) (README "Results"); the whole run (warm start, 30 steps,
+  #   before/after evaluations of both splits) measured in phases at ~11 min on one H200 (BENCHMARKS.md,
+  #   "Embedded default job"). 20 until 2026-12-03. 0 = no RL: the warm start (if due) and the starting policy's
+  #   evaluation only.
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
   c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is

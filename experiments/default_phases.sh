@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The default job (python -m kevin_jax.main --config=configs/multiturn.py, ~12-16 min on one H200) as three phases
+# The default job (python -m kevin_jax.main --config=configs/multiturn.py, ~11 min on one H200) as three phases
 # of one device call each (at most 10 minutes): a job spanning several calls is lost whenever the machine is given
 # back between them (30 s idle), and each phase here needs only what the previous one returned.
 #
 #   warm SEED         the warm start (SFT) and its evaluation: workdir $OUT/warm (total_steps=0); the warm
-#                     start's export is $OUT/warm/sft/hf (KEEP=warm/sft/hf returns it, gzipped)       ~6 min
+#                     start's export is $OUT/warm/sft/hf (KEEP=warm/sft/hf returns it, gzipped)       ~5 min
 #   rl SEED FROM.tgz  RL from that export (init_from), no evaluations, stops by RL_BUDGET_S (default 480 s)
-#                     and exports $OUT/rl/hf (KEEP=rl/hf)                                           ~7 min
-#   eval SEED FROM.tgz  the trained export's evaluation: workdir $OUT/after (total_steps=0)         ~3 min
+#                     and exports $OUT/rl/hf (KEEP=rl/hf); 30 steps                                 ~5 min
+#   eval SEED FROM.tgz  the trained export's evaluation: workdir $OUT/after (total_steps=0)       ~1.5 min
 #
-# Further arguments are config overrides for the job (e.g. --config.rollout.max_context_tokens=3072); give each
-# phase the same ones. The evaluations of `warm` and `eval` use the same sampling seeds as the one job's step-0 and
+# PHASES_CONFIG picks another config for a phase (the single-turn baseline's rl phase:
+# configs/singleturn.py:same_budget; README "Results" has that call). Further arguments are config overrides for
+# the job (e.g. --config.rollout.max_context_tokens=3072); give each phase the same ones. The evaluations of `warm` and `eval` use the same sampling seeds as the one job's step-0 and
 # closing evaluations, so they are paired as those are, and the phases compute what the one job computes
 # (tests/test_train_loop.py::test_total_steps_zero_evaluates_the_start_and_an_export_in_phases); both are logged
 # as "eval at step 0" of their own workdirs. One difference: the one job's evaluator keeps results across its

@@ -65,7 +65,8 @@ def summarize(run_dir: str) -> dict:
   out = {"run": os.path.basename(os.path.normpath(run_dir)), "tasks": len(diffs),
          "ceiling": statistics.fmean(best.values()),
          "task_change": statistics.fmean(diffs), "task_change_se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
-         "tasks_up": sum(d > 0.01 for d in diffs), "tasks_down": sum(d < -0.01 for d in diffs)}
+         "tasks_up": sum(d > 0.01 for d in diffs), "tasks_down": sum(d < -0.01 for d in diffs),
+         "warm_tasks": before, "after_tasks": after}
   for phase in PHASES:
     e = evals[phase]
     out[phase] = {"score": e["train/kernel/score_mean"], "correct": e["train/kernel/correct_rate"],
@@ -91,6 +92,30 @@ def table(rows: list[dict]) -> str:
         f"{r['task_change']:+.3f} ± {r['task_change_se']:.3f} | {r['tasks_up']} / {r['tasks_down']} | "
         f"{w['score'] / r['ceiling']:.0%} → {a['score'] / r['ceiling']:.0%} of {r['ceiling']:.3f} |")
   return "\n".join(lines)
+
+
+def turns_table(rows: list[dict]) -> str:
+  """Mean kernel score of each turn, warm start -> after RL, one row per run."""
+  n = max(len(r[p]["turns"]) for r in rows for p in PHASES)
+  lines = ["| run | " + " | ".join(f"turn {k + 1}" for k in range(n)) + " |", "|---" * (n + 1) + "|"]
+  for r in rows:
+    cells = [f"{w:.3f} → {a:.3f}" for w, a in zip(r["warm"]["turns"], r["after"]["turns"])]
+    lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def paired_with_first(rows: list[dict]) -> list[dict]:
+  """Per-task score difference after RL, each later run minus the first, for runs whose warm-start evaluation is
+  the first's (the same tasks, kernels and scores): the mean over tasks, its standard error, tasks up / down."""
+  first, out = rows[0], []
+  for r in rows[1:]:
+    if r["warm_tasks"] != first["warm_tasks"]:
+      continue
+    d = [r["after_tasks"][t] - first["after_tasks"][t] for t in sorted(first["after_tasks"])]
+    out.append({"run": r["run"], "versus": first["run"], "mean": statistics.fmean(d),
+                "se": statistics.stdev(d) / math.sqrt(len(d)), "up": sum(x > 0.01 for x in d),
+                "down": sum(x < -0.01 for x in d)})
+  return out
 
 
 def running_mean(values: list[float], window: int = WINDOW) -> list[float]:
@@ -128,6 +153,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
   args = parser.parse_args(argv)
   rows = [summarize(r) for r in args.runs]
   print(table(rows))
+  print()
+  print(turns_table(rows))
+  for p in paired_with_first(rows):
+    print(f"\n{p['run']} - {p['versus']} after RL, per task (same warm start): {p['mean']:+.3f} ± {p['se']:.3f}, "
+          f"{p['up']} tasks up / {p['down']} down (> 0.01)")
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     plot(rows, os.path.join(args.out, "curves.png"))

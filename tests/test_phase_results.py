@@ -38,3 +38,18 @@ def test_cli_writes_the_plot(tmp_path):
                              str(tmp_path)])
   assert rows[0]["rl_steps"] == 28 and round(100 * rows[0]["gain"], 1) == 19.1
   assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_single_versus_multi_turn_from_one_warm_start():
+  runs = [os.path.join(RESULTS, "2026-12-04_twentyfirst", r) for r in ("default_s0_cache", "single_s0_cache",
+                                                                        "default_s1_cache")]
+  rows = [phase_results.summarize(r) for r in runs]
+  assert [r["rl_steps"] for r in rows] == [30, 30, 30]
+  assert [round(100 * r["gain"], 1) for r in rows] == [38.5, 31.4, 36.1]
+  # Seed 1 has its own warm start, so only the single-turn run is paired with the first.
+  (p,) = phase_results.paired_with_first(rows)
+  assert p["run"] == "single_s0_cache" and (p["up"], p["down"]) == (8, 13)
+  assert p["mean"] == pytest.approx(rows[1]["after"]["score"] - rows[0]["after"]["score"], abs=1e-9)
+  assert (round(p["mean"], 3), round(p["se"], 3)) == (-0.079, 0.083)
+  turns = phase_results.turns_table(rows)
+  assert "| single_s0_cache | 0.650 → 1.552 | 1.217 → 1.476 | 1.285 → 1.445 | 1.314 → 1.396 |" in turns
