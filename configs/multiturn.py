@@ -44,6 +44,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.attention_impl = "auto"  # Multi-token attention: auto (cudnn on a GPU in bf16, else xla) | xla | cudnn.
   c.policy.decode_attention = "auto"  # Decode attention: auto (Pallas kernel on a GPU, else xla) | xla | pallas.
   c.policy.decode_mlp = "auto"  # Decode SwiGLU front: auto (fused Pallas kernel on a GPU up to 64 rows) | xla | pallas.
+  c.policy.decode_down = "auto"  # Decode down projection: auto (split Pallas kernel on a GPU up to 64 rows where the
+  #   hidden size is at most 1,024) | xla | pallas.
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 
@@ -59,6 +61,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.batch_size = 64  # Sequences decoded together, per generate call.
   c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
+  c.sampler.decode_fusion = True  # Compile the decode loop alone with XLA's multi-output Triton fusions.
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()

@@ -98,7 +98,29 @@ def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_mlp"):
     get_preset("tiny", decode_mlp="triton")
   with pytest.raises(ValueError, match="decode_down"):
-    get_preset("tiny", decode_down="auto")
+    get_preset("tiny", decode_down="triton")
+
+
+@pytest.mark.parametrize("backend,hidden,rows,want", [
+    ("cpu", 512, 64, ("xla", "xla")),  # no GPU: the einsums
+    ("gpu", 512, 64, ("pallas", "pallas")),  # the small policy's D
+    ("gpu", 896, 1, ("pallas", "pallas")),  # the 0.5B shape's D
+    ("gpu", 896, 65, ("xla", "xla")),  # over AUTO_MAX_ROWS
+    ("gpu", 1536, 64, ("pallas", "xla")),  # the 1.5B shape's D: over AUTO_DOWN_MAX_D, the down projection stays XLA
+    ("gpu", 520, 64, ("xla", "xla")),  # D not a multiple of 16
+])
+def test_auto_resolution(monkeypatch, backend, hidden, rows, want):
+  """decode_mlp / decode_down 'auto': the Pallas kernels on a GPU, up to AUTO_MAX_ROWS rows and (down) D <=
+  AUTO_DOWN_MAX_D, where their shape rules hold; else XLA."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
+  cfg = get_preset("tiny", hidden_size=hidden, intermediate_size=64)
+  assert (cfg.decode_mlp, cfg.decode_down) == ("auto", "auto")  # the defaults
+  mlp = model_lib.MLP(cfg, rngs=nnx.Rngs(0))
+  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
+  assert mlp._decode_impls(rows) == want  # pylint: disable=protected-access
+  explicit = model_lib.MLP(cfg.replace(decode_mlp="xla", decode_down="pallas"), rngs=nnx.Rngs(0))
+  assert explicit._decode_impls(rows) == ("xla", "pallas")  # pylint: disable=protected-access
 
 
 def _on_gpu(compute):

@@ -20,7 +20,7 @@ _REMAT = ("none", "full", "dots")
 _ATTENTION_IMPLS = ("xla", "cudnn")
 _DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
 _DECODE_MLP = ("auto", "xla", "pallas", "interpret")
-_DECODE_DOWN = ("xla", "pallas", "interpret")
+_DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -55,9 +55,11 @@ class ModelConfig:
       of policy/decode_mlp.py on a GPU when its shape rules hold and the batch is at most
       decode_mlp.AUTO_MAX_ROWS, else 'xla') | 'xla' (two einsums and an elementwise kernel) | 'pallas' |
       'interpret' (CPU tests). Multi-token calls (prefill, training) always use 'xla'.
-    decode_down: the MLP's down projection in a one-token decode step: 'xla' (one einsum) | 'pallas' (opt-in:
-      decode_mlp.down_proj, split along the intermediate size: +5 % decode tokens/s on the 0.5B shape at batch 64,
-      slower at 256 rows and on the 1.5B shape; BENCHMARKS.md "Sampler") | 'interpret'.
+    decode_down: the MLP's down projection in a one-token decode step: 'auto' (decode_mlp.down_proj, split along
+      the intermediate size, on a GPU when the batch is at most decode_mlp.AUTO_MAX_ROWS and the hidden size at
+      most decode_mlp.AUTO_DOWN_MAX_D, else 'xla': +5 % decode tokens/s on the 0.5B shape at batch 64, slower at
+      256 rows and no faster on the 1.5B shape; BENCHMARKS.md "Sampler") | 'xla' (one einsum) | 'pallas' |
+      'interpret' (CPU tests).
   """
 
   vocab_size: int
@@ -78,7 +80,7 @@ class ModelConfig:
   attention_impl: str = "xla"
   decode_attention: str = "auto"
   decode_mlp: str = "auto"
-  decode_down: str = "xla"
+  decode_down: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

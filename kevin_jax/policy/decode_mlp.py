@@ -12,10 +12,10 @@ Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
-`down_proj`, the MLP's down projection split along F, is opt-in: the model uses it only with
-ModelConfig.decode_down='pallas' (default 'xla'). On an H200 it beat XLA's einsum at 64 rows on the 0.5B shape
-(alone 8.9 against 10.6 µs per layer; decode +5 %) but not at 256 rows or on the 1.5B shape with its default
-blocks (BENCHMARKS.md "Sampler", 2026-12-04). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
+`down_proj`, the MLP's down projection split along F: ModelConfig.decode_down='auto' (the default) uses it on a GPU
+up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D. On an H200 it beat XLA's einsum at 64 rows on the 0.5B shape
+(alone 8.9 against 10.6 µs per layer; decode +5 %) but not at 256 rows, and on the 1.5B shape it tied XLA at best
+(BENCHMARKS.md "Sampler", 2026-12-04). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
 """
 
 from __future__ import annotations
@@ -101,13 +101,17 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
   return out[:b]
 
 
-# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (experimental: ModelConfig.decode_down). ---
+# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (ModelConfig.decode_down). ---
 # At 64 rows its output is only [64, D] (D = 896 at 0.5B): with whole-F columns per program there are D / block_n
 # programs, far fewer than the H200's 132 SMs, and XLA's GEMM read W_down at ~1.2 TB/s in the decode profile
 # (gemm_fusion_dot_267, 7.4 us per layer; BENCHMARKS.md, seventeenth session). Here program (i, j, s) sums F slice s
 # of the product into an fp32 partial [block_m, block_n]; XLA then adds the `splits` partials (a small reduction
 # that it can fuse with the residual add after the MLP).
 SM_COUNT = 132  # H200 SMs: down_proj's default split count aims at >= this many programs.
+AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
+                        # this: at 64 rows it beat XLA's einsum on the 0.5B shape (D = 896: 8.9 against 10.6 us per
+                        # layer) and only tied it on the 1.5B shape (D = 1,536: 13.8-15.8 against 14.0 us);
+                        # BENCHMARKS.md "Sampler", nineteenth and twenty-first sessions.
 
 
 def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUNT) -> int:

@@ -37,7 +37,7 @@ cfg.decode_attention use the Pallas kernel that reads only those slots. The samp
 bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
-policy/decode_mlp.py), and its down projection as another (cfg.decode_down, experimental); multi-token calls, and
+policy/decode_mlp.py), and its down projection as another (cfg.decode_down); multi-token calls, and
 so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
@@ -287,11 +287,15 @@ class MLP(nnx.Module):
 
   def _decode_impls(self, rows: int) -> tuple[str, str]:
     """(front, down) implementations of a one-token decode step of `rows` rows ('auto' resolved)."""
-    front = self.decode_impl
+    d = self.gate_kernel.shape[0]
+    fits = (decode_mlp.supported(*self.gate_kernel.shape) and rows <= decode_mlp.AUTO_MAX_ROWS
+            and jax.default_backend() == "gpu")
+    front, down = self.decode_impl, self.decode_down
     if front == "auto":
-      fits = decode_mlp.supported(*self.gate_kernel.shape) and rows <= decode_mlp.AUTO_MAX_ROWS
-      front = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
-    return front, self.decode_down
+      front = "pallas" if fits else "xla"
+    if down == "auto":
+      down = "pallas" if fits and d <= decode_mlp.AUTO_DOWN_MAX_D else "xla"
+    return front, down
 
   def __call__(self, x_BxTxD: Array) -> Array:
     dt = self.dtype

@@ -8,16 +8,17 @@
 How it runs. Prompts are split into chunks of `batch_size`, right-padded to the smallest prompt bucket that fits
 (`prompt_buckets`), and each chunk makes two jitted calls: `_prefill` fills a [B, K, P + max_new_tokens, H] KV cache
 per layer (`kv_cache_dtype`, bf16 by default; max_new_tokens rounded up to 64 slots) and samples the first token
-from the last real prompt position; `_decode` takes that state (donated, so the cache is updated in place and never
-copied) and decodes in a `lax.while_loop` on device (no host round trip per token; attention by the model's
+from the last real prompt position; `_decode_loop` takes that state (donated, so the cache is updated in place and
+never copied) and decodes in a `lax.while_loop` on device (no host round trip per token; attention by the model's
 `decode_attention`: on a GPU the Pallas kernel that reads only each row's prompt and generated slots) until every
-row has finished or `max_new_tokens` tokens exist. Both are compiled once per key (batch, prompt bucket,
-max_new_tokens, top_k, greedy / top-p on-off, number of stop sequences, cache dtype): calls with the same key reuse
-them, whatever the prompts, seed, temperature, top_p value or weights. The parameters are jit ARGUMENTS (never
-baked-in constants), so the RL loop can update them between calls without recompiling, and they may be sharded on a
-mesh (jit follows their shardings; pass `mesh` + `batch_axes` to also shard the batch). A chunk with fewer prompts
-than `batch_size` is padded with inactive rows (a call with fewer prompts than `batch_size` in total uses the next
-power of two instead, to save compute). `Sampler.warmup` compiles a key ahead of time.
+row has finished or `max_new_tokens` tokens exist; `decode_fusion` compiles it with XLA's multi-output fusions. Both
+are compiled once per key (batch, prompt bucket, max_new_tokens, top_k, greedy / top-p on-off, number of stop
+sequences, cache dtype): calls with the same key reuse them, whatever the prompts, seed, temperature, top_p value or
+weights. The parameters are jit ARGUMENTS (never baked-in constants), so the RL loop can update them between calls
+without recompiling, and they may be sharded on a mesh (jit follows their shardings; pass `mesh` + `batch_axes` to
+also shard the batch). A chunk with fewer prompts than `batch_size` is padded with inactive rows (a call with fewer
+prompts than `batch_size` in total uses the next power of two instead, to save compute). `Sampler.warmup` compiles a
+key ahead of time.
 `Sampler.last_stats` holds the last call's decode steps and prefill / decode wall times.
 
 Sampling. temperature == 0 is greedy (argmax of the raw logits). Otherwise logits / temperature, then top-k
@@ -65,7 +66,7 @@ Array = jax.Array
 STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are matched on the host only)
 _FINISH = ("length", "eos", "stop")
 _NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
-TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode is traced (tests assert no recompilation)
+TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode_loop is traced (tests assert no recompilation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,9 @@ class SamplerConfig:
     max_new_tokens, temperature, top_p, top_k: defaults for `generate` (top_p 1.0 / top_k 0 = off).
     reduce_chunks: column chunks of the sampling step's work over the vocabulary (argmax_rows, logsumexp_rows,
       gumbel_sample_rows); 1 = one-stage row reductions (one thread block per row) and V Gumbel draws per row.
+    decode_fusion: compile the decode loop (only it) with XLA's multi-output Triton fusions
+      (DECODE_FUSION_OPTIONS), which can merge a decode layer's residual add with the next RMSNorm; the prefill
+      and every other compilation of the process keep XLA's defaults. BENCHMARKS.md "Sampler".
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
@@ -88,6 +92,7 @@ class SamplerConfig:
   top_p: float = 1.0
   top_k: int = 0
   reduce_chunks: int = 32
+  decode_fusion: bool = True
 
   def __post_init__(self):
     if self.reduce_chunks < 1:
@@ -102,7 +107,8 @@ class SamplerConfig:
   def from_config(cls, c: Any) -> "SamplerConfig":
     """From the `config.sampler` ConfigDict section."""
     return cls(batch_size=c.batch_size, prompt_buckets=tuple(c.prompt_buckets), kv_cache_dtype=c.kv_cache_dtype,
-               max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k)
+               max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+               decode_fusion=c.get("decode_fusion", True))
 
 
 @dataclasses.dataclass
@@ -287,8 +293,7 @@ def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temper
               sampling_logprobs=jnp.zeros((b, n), jnp.float32).at[:, 0].set(samp_B))
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("carry",))
-def _decode(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos_Q, stop_seqs_ExL, *,
+def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos_Q, stop_seqs_ExL, *,
             max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype, batch_sharding):
   """The decode loop (lax.while_loop on device) until every row is done or max_new_tokens tokens exist.
 
@@ -323,6 +328,13 @@ def _decode(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos
 
   # The whole final carry is returned so every donated input buffer aliases an output (no copy into the loop).
   return jax.lax.while_loop(cond, body, carry)
+
+
+# XLA options of the decode loop's compilation with SamplerConfig.decode_fusion (per compilation, not XLA_FLAGS).
+DECODE_FUSION_OPTIONS = {"xla_gpu_unsupported_enable_triton_multi_output_fusion": True}
+_DECODE = {fusion: jax.jit(_decode_loop, static_argnames=_STATIC, donate_argnames=("carry",),
+                           compiler_options=DECODE_FUSION_OPTIONS if fusion else None)
+           for fusion in (False, True)}
 
 
 class Sampler:
@@ -415,7 +427,8 @@ class Sampler:
     t0 = time.perf_counter()
     temp, tp, eos_q = jnp.float32(1.0), jnp.float32(top_p), np.asarray([-1], np.int32)
     carry = _prefill(graphdef, state, *args, temp, tp, eos_q, stop_seqs, **statics)
-    jax.block_until_ready(_decode(graphdef, state, carry, args[1], args[3], temp, tp, eos_q, stop_seqs, **statics))
+    jax.block_until_ready(_DECODE[c.decode_fusion](graphdef, state, carry, args[1], args[3], temp, tp, eos_q,
+                                                   stop_seqs, **statics))
     return time.perf_counter() - t0
 
   # -- the call ----------------------------------------------------------------------------------------------
@@ -493,7 +506,7 @@ class Sampler:
       carry = _prefill(graphdef, state, toks, lengths, active, keys, temp, tp, eos_q, stop_seqs, **statics)
       jax.block_until_ready(carry)
       t1 = time.perf_counter()
-      final = _decode(graphdef, state, carry, lengths, keys, temp, tp, eos_q, stop_seqs, **statics)
+      final = _DECODE[c.decode_fusion](graphdef, state, carry, lengths, keys, temp, tp, eos_q, stop_seqs, **statics)
       res = jax.device_get({k: final[k] for k in ("tokens", "logprobs", "sampling_logprobs", "count", "reason",
                                                   "i")})
       del final, carry
