@@ -61,7 +61,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.batch_size = 64  # Sequences decoded together, per generate call.
   c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
-  c.sampler.decode_fusion = True  # Compile the decode loop alone with XLA's multi-output Triton fusions.
+  c.sampler.decode_fusion = False  # Compile the decode loop alone with XLA's multi-output Triton fusions (opt-in:
+  #   its own share of the decode speed is not yet measured; BENCHMARKS.md "Sampler").
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()

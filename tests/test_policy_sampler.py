@@ -201,6 +201,27 @@ def test_compiled_once_per_bucket_and_weights_are_arguments(hf_ckpt, prompts):
   assert sampler_lib.TRACE_COUNT["generate"] == count
 
 
+def test_decode_fusion_compiles_the_decode_loop_with_its_options(hf_ckpt, prompts, monkeypatch):
+  """SamplerConfig.decode_fusion picks the decode loop compiled with DECODE_FUSION_OPTIONS (a no-op off a GPU):
+  the same tokens and log-probs as without, and only that loop is traced for it."""
+  _, path = hf_ckpt
+  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
+  assert not F32.decode_fusion and not SamplerConfig().decode_fusion  # opt-in
+  used = []
+  for fusion in (False, True):
+    jitted = sampler_lib._DECODE[fusion]  # pylint: disable=protected-access
+    monkeypatch.setitem(sampler_lib._DECODE, fusion,  # pylint: disable=protected-access
+                        lambda *a, _f=fusion, _j=jitted, **k: used.append(_f) or _j(*a, **k))
+  out = {}
+  for fusion in (False, True):
+    sampler = Sampler(model.cfg, None, dataclasses.replace(F32, decode_fusion=fusion))
+    out[fusion] = sampler.generate(model, prompts, seed=2, temperature=0.8, max_new_tokens=16)
+  assert used == [False, True]
+  assert out[True].tokens == out[False].tokens
+  for a, b in zip(out[True].logprobs, out[False].logprobs):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_deterministic_per_seed_and_independent_of_chunking(hf_ckpt, prompts):
   _, path = hf_ckpt
   model = load_pretrained(path, dtype="float32", compute_dtype="float32")

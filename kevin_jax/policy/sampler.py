@@ -82,7 +82,9 @@ class SamplerConfig:
       gumbel_sample_rows); 1 = one-stage row reductions (one thread block per row) and V Gumbel draws per row.
     decode_fusion: compile the decode loop (only it) with XLA's multi-output Triton fusions
       (DECODE_FUSION_OPTIONS), which can merge a decode layer's residual add with the next RMSNorm; the prefill
-      and every other compilation of the process keep XLA's defaults. BENCHMARKS.md "Sampler".
+      and every other compilation of the process keep XLA's defaults. Opt-in: as a process-wide XLA flag it gave
+      +2.5 % (fourteenth session); on top of the split down projection its share is not yet measured apart
+      (BENCHMARKS.md "Sampler", twenty-first session). tests/test_policy_gpu.py passes with it.
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
@@ -92,7 +94,7 @@ class SamplerConfig:
   top_p: float = 1.0
   top_k: int = 0
   reduce_chunks: int = 32
-  decode_fusion: bool = True
+  decode_fusion: bool = False
 
   def __post_init__(self):
     if self.reduce_chunks < 1:
@@ -108,7 +110,7 @@ class SamplerConfig:
     """From the `config.sampler` ConfigDict section."""
     return cls(batch_size=c.batch_size, prompt_buckets=tuple(c.prompt_buckets), kv_cache_dtype=c.kv_cache_dtype,
                max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-               decode_fusion=c.get("decode_fusion", True))
+               decode_fusion=c.get("decode_fusion", False))
 
 
 @dataclasses.dataclass
