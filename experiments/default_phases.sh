@@ -10,13 +10,14 @@
 #   eval SEED FROM.tgz  the trained export's evaluation: workdir $OUT/after (total_steps=0)       ~1.5 min
 #
 # PHASES_CONFIG picks another config for a phase (the single-turn baseline's rl phase:
-# configs/singleturn.py:same_budget; README "Results" has that call). Further arguments are config overrides for
-# the job (e.g. --config.rollout.max_context_tokens=3072); give each phase the same ones. The evaluations of `warm` and `eval` use the same sampling seeds as the one job's step-0 and
-# closing evaluations, so they are paired as those are, and the phases compute what the one job computes
-# (tests/test_train_loop.py::test_total_steps_zero_evaluates_the_start_and_an_export_in_phases); both are logged
-# as "eval at step 0" of their own workdirs. One difference: the one job's evaluator keeps results across its
-# evaluations and steps (evaluator.result_cache), so its closing evaluation reuses the verdict and timing of a kernel
-# it has already seen; each phase is its own process and evaluates afresh (same checks, a fresh timing).
+# configs/singleturn.py:same_budget; README "Results" has that call). Further arguments are config overrides for the
+# job (e.g. --config.rollout.max_context_tokens=3072); give each phase the same ones. The evaluations of `warm` and
+# `eval` use the same sampling seeds as the one job's step-0 and closing evaluations, so they are paired as those
+# are, and the phases compute what the one job computes
+# (tests/test_train_loop.py::test_total_steps_zero_evaluates_the_start_and_an_export_in_phases); both are logged as
+# "eval at step 0" of their own workdirs. One difference: the one job's evaluator keeps results across its
+# evaluations and steps (evaluator.result_cache), so its closing evaluation reuses the verdict and timing of a
+# kernel it has already seen; each phase is its own process and evaluates afresh (same checks, a fresh timing).
 # From this machine, with the device tool, carrying .whl (and .carry):
 #
 #   KEEP=warm/sft/hf bash experiments/gpu_session.sh 'warm=570=bash experiments/default_phases.sh warm 1'

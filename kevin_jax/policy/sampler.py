@@ -296,7 +296,7 @@ def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temper
 
 
 def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos_Q, stop_seqs_ExL, *,
-            max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype, batch_sharding):
+                 max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype, batch_sharding):
   """The decode loop (lax.while_loop on device) until every row is done or max_new_tokens tokens exist.
 
   `carry` (cache and output buffers) is donated: the cache is updated in place, never copied.
