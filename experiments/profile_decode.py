@@ -141,8 +141,7 @@ def main():
   cfg = get_preset(MODELS[a.model])
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": a.model,
          "decode_mlp": a.decode_mlp, "decode_down": a.decode_down, "decode_fusion": bool(a.decode_fusion),
-         "attention": [],
-         "generate": []}
+         "attention": [], "generate": []}
   for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)

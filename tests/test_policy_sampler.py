@@ -203,7 +203,7 @@ def test_compiled_once_per_bucket_and_weights_are_arguments(hf_ckpt, prompts):
 
 def test_decode_fusion_compiles_the_decode_loop_with_its_options(hf_ckpt, prompts, monkeypatch):
   """SamplerConfig.decode_fusion picks the decode loop compiled with DECODE_FUSION_OPTIONS (a no-op off a GPU):
-  the same tokens and log-probs as without, and only that loop is traced for it."""
+  each sampler calls its own jitted loop, and both give the same tokens and log-probs."""
   _, path = hf_ckpt
   model = load_pretrained(path, dtype="float32", compute_dtype="float32")
   assert not F32.decode_fusion and not SamplerConfig().decode_fusion  # opt-in

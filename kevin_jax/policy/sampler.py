@@ -110,7 +110,7 @@ class SamplerConfig:
     """From the `config.sampler` ConfigDict section."""
     return cls(batch_size=c.batch_size, prompt_buckets=tuple(c.prompt_buckets), kv_cache_dtype=c.kv_cache_dtype,
                max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-               decode_fusion=c.get("decode_fusion", False))
+               decode_fusion=c.decode_fusion)
 
 
 @dataclasses.dataclass
