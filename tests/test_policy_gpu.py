@@ -5,7 +5,9 @@
 - the GPU sampler's greedy tokens equal transformers' generate on the same (float32) checkpoint;
   both sampler tests run with the decode step's down projection as XLA's einsum and as the split Pallas kernel
   (ModelConfig.decode_down).
-- the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches).
+- the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches);
+- the fused decode q/k/v kernel (ModelConfig.decode_qkv) in the sampler: the XLA path's greedy tokens in fp32, a
+  float32 forward pass's log-probs in bf16.
 """
 
 import jax
@@ -116,3 +118,35 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype):
                                        ranges.mask(p + n), True), np.float32)
   tol = 2e-5 if dtype == "float32" else 2e-2
   np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_qkv_kernel_sampler_on_gpu(tmp_path, dtype):
+  """ModelConfig.decode_qkv='pallas' (the fused q/k/v projection, RoPE and cache write, compiled by Triton) with
+  the Pallas decode attention, 16 rows (the kernel's smallest batch): the greedy tokens of the XLA path in fp32;
+  in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
+  dev = _gpu()
+  make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
+  prompts = [list(np.random.RandomState(n).randint(0, 512, n)) for n in range(3, 19)]
+  outs = {}
+  with jax.default_device(dev), jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
+    for impl in ("xla", "pallas"):
+      model = load_pretrained(tmp_path, dtype=dtype, compute_dtype=dtype, decode_qkv=impl,
+                              decode_attention="pallas")
+      cfg = SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype=dtype)
+      outs[impl] = Sampler(model.cfg, None, cfg).generate(model, prompts, seed=0, temperature=0.0,
+                                                          max_new_tokens=48, eos_ids=[])
+    if dtype == "float32":
+      assert outs["pallas"].tokens == outs["xla"].tokens
+      for a, b in zip(outs["pallas"].logprobs, outs["xla"].logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+      return
+    ref = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32")
+    with jax.default_matmul_precision("highest"):
+      for p, toks, lp in zip(prompts, outs["pallas"].tokens, outs["pallas"].logprobs):
+        seq = jnp.asarray([p + toks])
+        logits, _ = ref(seq, jnp.arange(seq.shape[1])[None])
+        fresh = np.asarray(jax.nn.log_softmax(logits[0], axis=-1)[np.arange(len(p) - 1, len(p) - 1 + len(toks)),
+                                                                  toks])
+        assert np.max(np.abs(fresh - lp)) < 0.15  # bf16 weights + bf16 cache vs fp32
+        assert np.mean(np.abs(fresh - lp)) < 0.03

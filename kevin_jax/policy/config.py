@@ -21,6 +21,7 @@ _ATTENTION_IMPLS = ("xla", "cudnn")
 _DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
 _DECODE_MLP = ("auto", "xla", "pallas", "interpret")
 _DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
+_DECODE_QKV = ("auto", "xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -60,6 +61,10 @@ class ModelConfig:
       most decode_mlp.AUTO_DOWN_MAX_D, else 'xla': +5 % decode tokens/s on the 0.5B shape at batch 64, slower at
       256 rows and no faster on the 1.5B shape; BENCHMARKS.md "Sampler") | 'xla' (one einsum) | 'pallas' |
       'interpret' (CPU tests).
+    decode_qkv: the front of attention in a one-token decode step (q/k/v projection, biases, RoPE, the k/v cache
+      write): 'xla' (the default: einsums, XLA's fusions and dynamic_update_slice) | 'auto' (the one Pallas
+      kernel of policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most
+      decode_qkv.MAX_ROWS, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: not yet measured on a GPU.
   """
 
   vocab_size: int
@@ -81,6 +86,7 @@ class ModelConfig:
   decode_attention: str = "auto"
   decode_mlp: str = "auto"
   decode_down: str = "auto"
+  decode_qkv: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -105,6 +111,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.decode_mlp must be one of {_DECODE_MLP}, got {self.decode_mlp!r}")
     if self.decode_down not in _DECODE_DOWN:
       raise ValueError(f"ModelConfig.decode_down must be one of {_DECODE_DOWN}, got {self.decode_down!r}")
+    if self.decode_qkv not in _DECODE_QKV:
+      raise ValueError(f"ModelConfig.decode_qkv must be one of {_DECODE_QKV}, got {self.decode_qkv!r}")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

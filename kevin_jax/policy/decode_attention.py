@@ -108,11 +108,24 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
   l_ref[...] = l
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "interpret"))
+def padded_rows(groups: int) -> int:
+  """Query rows per KV head inside the kernel: G rounded up to a multiple of 16 (Triton's matmul tiles)."""
+  return max(16, -(-groups // 16) * 16)
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = BLOCK_K, num_splits: int = 0, interpret: bool = False) -> Array:
-  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype."""
+                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, interpret: bool = False) -> Array:
+  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
+
+  groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
+  so); G = groups.
+  """
   b, kh, g, h = q_BxKxGxH.shape
+  if groups:
+    if g != padded_rows(groups):
+      raise ValueError(f"with groups={groups}, q must hold {padded_rows(groups)} rows per KV head, got {g}")
+    g = groups
   s = k_BxKxSxH.shape[2]
   if not supported(s, ranges.gen_start, h, block_k):
     raise ValueError(f"decode_attention needs S ({s}) and gen_start ({ranges.gen_start}) multiples of "
@@ -121,8 +134,8 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   if (s // block_k) % splits:
     raise ValueError(f"{splits} splits do not divide {s // block_k} blocks")
   split_len = s // splits
-  gp = max(16, -(-g // 16) * 16)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
-  q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+  gp = padded_rows(g)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
+  q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - q_BxKxGxH.shape[2]), (0, 0)))
   kernel = functools.partial(_kernel, gen_start=ranges.gen_start, split_len=split_len, block_k=block_k,
                              scale=h ** -0.5)
   o, m, l = pl.pallas_call(

@@ -37,8 +37,9 @@ cfg.decode_attention use the Pallas kernel that reads only those slots. The samp
 bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
-policy/decode_mlp.py), and its down projection as another (cfg.decode_down); multi-token calls, and
-so every gradient, use the einsums.
+policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
+RoPE and cache write may run as one (cfg.decode_qkv, policy/decode_qkv.py). Multi-token calls, and so every
+gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -72,6 +73,7 @@ from flax import nnx
 
 from kevin_jax.policy import decode_attention
 from kevin_jax.policy import decode_mlp
+from kevin_jax.policy import decode_qkv
 from kevin_jax.policy.config import ModelConfig
 from kevin_jax.policy.decode_attention import SlotRanges
 
@@ -165,8 +167,12 @@ def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed
 
 
 def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
-                           visible: Array | SlotRanges) -> Array:
-  """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges."""
+                           visible: Array | SlotRanges, groups: int = 0) -> Array:
+  """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges.
+
+  groups > 0: q holds that many real query rows per KV head, then zero rows up to decode_attention's padded
+  count (decode_qkv's layout); returns [B, K, groups, H] either way.
+  """
   s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
   if isinstance(visible, SlotRanges):
@@ -174,11 +180,13 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
       fits = decode_attention.supported(s, visible.gen_start, h)
       impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
     if impl in ("pallas", "interpret"):
-      return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible,
+      return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, groups=groups,
                                                interpret=impl == "interpret")
     visible = visible.mask(s)
   elif impl in ("pallas", "interpret"):
     raise ValueError(f"decode_attention={impl!r} needs the cache visibility as SlotRanges, not a mask")
+  if groups:
+    q_BxKxGxH = q_BxKxGxH[:, :, :groups]
   return _decode_attend(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, cfg.fp32_upcast)
 
 
@@ -223,6 +231,32 @@ class Attention(nnx.Module):
     self.k_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
     self.v_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
 
+  def _decode_qkv_impl(self, rows: int) -> str:
+    """cfg.decode_qkv for a one-token decode step of `rows` rows, 'auto' resolved."""
+    impl = self.cfg.decode_qkv
+    if impl == "auto":
+      fits = (decode_qkv.supported(rows, self.cfg.hidden_size, self.cfg.head_dim) and rows <= decode_qkv.MAX_ROWS
+              and jax.default_backend() == "gpu")
+      impl = "pallas" if fits else "xla"
+    return impl
+
+  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv) -> tuple[Array, tuple[Array, Array]]:
+    """A decode step through decode_qkv's one kernel (projection, RoPE, cache write), then decode attention."""
+    cfg = self.cfg
+    dt = cfg.compute_jnp_dtype
+    ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
+    if cache_mask_BxS is None:
+      raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
+    cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
+    w = [p[...].astype(dt) for p in (self.q_kernel, self.k_kernel, self.v_kernel, self.q_bias, self.k_bias,
+                                     self.v_bias)]
+    q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
+        x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot,
+        interpret=self._decode_qkv_impl(x_BxD.shape[0]) == "interpret")
+    o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
+                                       groups=cfg.num_groups)
+    return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
+
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
                cache_kv: tuple[Array, Array, Array, Array | None] | None
                ) -> tuple[Array, tuple[Array, Array] | None]:
@@ -230,6 +264,10 @@ class Attention(nnx.Module):
     dt = cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
     x = x_BxTxD.astype(dt)
+    if cache_kv is not None and t == 1 and self._decode_qkv_impl(b) != "xla":
+      o_BxKxGxH, new_kv = self._fused_decode(x[:, 0], positions_BxT, cache_kv)
+      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+      return jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt)), new_kv
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
     k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
     v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]

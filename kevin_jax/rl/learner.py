@@ -317,7 +317,8 @@ class Learner:
                              attention_impl=resolve_attention_impl(config.policy.attention_impl,
                                                                     config.policy.compute_dtype),
                              decode_attention=config.policy.decode_attention,
-                             decode_mlp=config.policy.decode_mlp, decode_down=config.policy.decode_down)
+                             decode_mlp=config.policy.decode_mlp, decode_down=config.policy.decode_down,
+                             decode_qkv=config.policy.decode_qkv)
     cfg = grpo.GRPOConfig.from_config(config.rl)
     opt_cfg = OptimizerConfig.from_config(config.optimizer, config.total_steps * cfg.updates_per_batch)
     return cls(model_cfg, cfg, opt_cfg, mesh, temperature=config.sampler.temperature)

@@ -1,0 +1,149 @@
+"""The decode step's attention front alone, XLA against the fused Pallas kernel (policy/decode_qkv.py): the q/k/v
+projection with biases, RoPE of q and k, the k/v cache write at one slot, and q padded to decode_attention's 16
+rows per KV head.
+
+  JAX_PLATFORMS=cuda,cpu python3 experiments/bench_decode_qkv.py --out $OUT/decode_qkv
+
+XLA's version is the model's own path (policy/model.py Attention: einsums, bias, apply_rope, two
+dynamic_update_slices) plus the pad that decode_attention adds. Each timed program runs `--layers` weight and cache
+sets in turn (more weight bytes than the L2 cache, as in a real decode step), `--reps` times in a jitted
+fori_loop that carries the caches (so an extra copy of a cache would show as a large time), and reports
+microseconds per layer and the weights' bytes over that time. Versions alternate within each round, so drift
+shows. Also checks q and the written cache slots of each Pallas version against XLA's. Writes results.json and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=wrong-import-position
+import jax.numpy as jnp  # pylint: disable=wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+
+from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode_attention import padded_rows  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode_qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
+from kevin_jax.policy.model import apply_rope, rope_cos_sin  # pylint: disable=wrong-import-position
+
+PRESETS = {"0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "small": "small"}
+
+
+def xla_front(x, wq, wk, wv, bq, bk, bv, cos, sin, kc, vc, slot):
+  """The model's XLA path for one decode step: returns (q [B, K, G_pad, H], k cache, v cache)."""
+  b = x.shape[0]
+  kh, h = wk.shape[1], wk.shape[2]
+  q = jnp.einsum("bd,dnh->bnh", x, wq) + bq[None]
+  k = jnp.einsum("bd,dkh->bkh", x, wk) + bk[None]
+  v = jnp.einsum("bd,dkh->bkh", x, wv) + bv[None]
+  q = apply_rope(q[:, None], cos[:, None], sin[:, None], True)[:, 0]
+  k = apply_rope(k[:, None], cos[:, None], sin[:, None], True)[:, 0]
+  kc = jax.lax.dynamic_update_slice(kc, k[:, :, None].astype(kc.dtype), (0, 0, slot, 0))
+  vc = jax.lax.dynamic_update_slice(vc, v[:, :, None].astype(vc.dtype), (0, 0, slot, 0))
+  g = q.shape[1] // kh
+  q = jnp.pad(q.reshape(b, kh, g, h), ((0, 0), (0, 0), (0, padded_rows(g) - g), (0, 0)))
+  return q, kc, vc
+
+
+def _versions(configs: str, interpret: bool) -> dict:
+  versions = {"xla": xla_front}
+  for c in configs.split(","):
+    bm, bw, nw, ns = (int(v) for v in c.split("x"))
+    versions[f"pallas {c}"] = (lambda *args, bm=bm, bw=bw, nw=nw, ns=ns: qkv_rope_cache(
+        *args, block_m=bm, block_w=bw, num_warps=nw, num_stages=ns, interpret=interpret))
+  return versions
+
+
+def time_layers(fn, x, weights, cos, sin, caches, reps: int) -> float:
+  """Microseconds per layer: `reps` passes over all layers, each writing slot (rep mod S) of its caches; each
+  layer's input depends on the previous layer's q."""
+  def one_pass(i, carry):
+    x0, kcs, vcs = carry
+    kcs, vcs = list(kcs), list(vcs)
+    slot = i % kcs[0].shape[2]
+    for layer, w in enumerate(zip(*weights)):
+      q, kcs[layer], vcs[layer] = fn(x0, *w, cos, sin, kcs[layer], vcs[layer], slot)
+      x0 = x0 + (q[:, 0, 0, :1] * 1e-3).astype(x0.dtype)
+    return x0, tuple(kcs), tuple(vcs)
+
+  # The caches are donated (updated in place, as in the sampler); x is not (every version starts from it).
+  loop = jax.jit(lambda x0, kcs, vcs: jax.lax.fori_loop(0, reps, one_pass, (x0, kcs, vcs)), donate_argnums=(1, 2))
+  _, *caches = loop(x, *caches)
+  jax.block_until_ready(caches)
+  t = time.perf_counter()
+  jax.block_until_ready(loop(x, *caches))
+  return (time.perf_counter() - t) / (reps * len(weights[0])) * 1e6
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", default=os.environ.get("OUT", "runs") + "/decode_qkv")
+  ap.add_argument("--shapes", default="0.5b,1.5b")
+  ap.add_argument("--batches", default="64")
+  ap.add_argument("--slots", type=int, default=2048, help="cache slots per row")
+  ap.add_argument("--layers", type=int, default=24, help="weight and cache sets per pass (24: the 0.5B model)")
+  ap.add_argument("--reps", type=int, default=50)
+  ap.add_argument("--configs", default="64x16x4x3,32x16x4x3,16x16x4x3,64x32x4x3,64x16x2x3,64x16x4x2",
+                  help="Pallas versions: block_m x block_w x num_warps x num_stages, comma-separated")
+  ap.add_argument("--rounds", type=int, default=2, help="times the whole XLA + configs sequence runs")
+  ap.add_argument("--interpret", action="store_true", help="Pallas in interpret mode (checks the harness on a CPU; "
+                  "its timings mean nothing)")
+  a = ap.parse_args(argv)
+  os.makedirs(a.out, exist_ok=True)
+  rows = []
+  for shape in a.shapes.split(","):
+    cfg = get_preset(PRESETS[shape])
+    d, n, kh, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    rng = np.random.default_rng(0)
+    arr = lambda *s, scale=1.0: jnp.asarray(rng.standard_normal(s, np.float32) * scale, jnp.bfloat16)
+    weights = tuple([arr(*s, scale=sc) for _ in range(a.layers)]
+                    for s, sc in (((d, n, h), d ** -0.5), ((d, kh, h), d ** -0.5), ((d, kh, h), d ** -0.5),
+                                  ((n, h), 1.0), ((kh, h), 1.0), ((kh, h), 1.0)))
+    weight_bytes = sum(w[0].size for w in weights[:3]) * 2
+    for b in (int(s) for s in a.batches.split(",")):
+      x = arr(b, d)
+      cos, sin = (t[:, 0] for t in rope_cos_sin(jnp.asarray(rng.integers(0, 3000, (b, 1))), h, cfg.rope_theta))
+      versions = _versions(a.configs, a.interpret)
+      first = [w[0] for w in weights]
+      cache0 = arr(b, kh, a.slots, h)
+      want = [np.asarray(t, np.float32) for t in jax.jit(xla_front)(x, *first, cos, sin, cache0, cache0, 5)]
+      for rnd in range(a.rounds):
+        for name, fn in versions.items():
+          row = {"shape": shape, "batch": b, "version": name, "round": rnd}
+          try:
+            if rnd == 0:
+              got = [np.asarray(t, np.float32) for t in jax.jit(fn)(x, *first, cos, sin, cache0, cache0, 5)]
+              scale = max(np.max(np.abs(w)) for w in want)
+              row["max_rel_diff_vs_xla"] = float(max(np.max(np.abs(g - w)) for g, w in zip(got, want)) / scale)
+            caches = [tuple(jnp.zeros((b, kh, a.slots, h), jnp.bfloat16) for _ in range(a.layers)) for _ in "kv"]
+            us = time_layers(fn, x, weights, cos, sin, caches, a.reps)
+            row.update(us=us, weight_TBps=weight_bytes / us / 1e6)
+          except Exception as e:  # pylint: disable=broad-except
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+          rows.append(row)
+          print(json.dumps(row), flush=True)
+  res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "layers": a.layers, "reps": a.reps,
+         "slots": a.slots, "rows": rows}
+  with open(os.path.join(a.out, "results.json"), "w", encoding="utf-8") as fh:
+    json.dump(res, fh, indent=1)
+  print("\n| shape | B | version | us / layer (rounds) | weights TB/s | max rel diff vs XLA |")
+  print("|---|---|---|---|---|---|")
+  keys = list(dict.fromkeys((r["shape"], r["batch"], r["version"]) for r in rows))
+  for k in keys:
+    rs = [r for r in rows if (r["shape"], r["batch"], r["version"]) == k]
+    if any("error" in r for r in rs):
+      print(f"| {k[0]} | {k[1]} | {k[2]} | failed: {next(r['error'] for r in rs if 'error' in r)[:80]} | | |")
+      continue
+    us = " / ".join(f"{r['us']:.2f}" for r in rs)
+    diff = rs[0].get("max_rel_diff_vs_xla", float("nan"))
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {us} | {max(r['weight_TBps'] for r in rs):.2f} | {diff:.1e} |")
+
+
+if __name__ == "__main__":
+  main()
