@@ -1,10 +1,10 @@
-"""The decode step's attention front alone, XLA against the fused Pallas kernel (policy/decode_qkv.py): the q/k/v
-projection with biases, RoPE of q and k, the k/v cache write at one slot, and q padded to decode_attention's 16
-rows per KV head.
+"""The decode step's attention front alone, XLA against the fused Pallas kernel (policy/decode_qkv.py): the layer's
+input RMSNorm, the q/k/v projection with biases, RoPE of q and k, the k/v cache write at one slot, and q padded to
+decode_attention's 16 rows per KV head.
 
   JAX_PLATFORMS=cuda,cpu python3 experiments/bench_decode_qkv.py --out $OUT/decode_qkv
 
-XLA's version is the model's own path (policy/model.py Attention: einsums, bias, apply_rope, two
+XLA's version is the model's own path (policy/model.py RMSNorm and Attention: einsums, bias, apply_rope, two
 dynamic_update_slices) plus the pad that decode_attention adds. Each timed program runs `--layers` weight and cache
 sets in turn (more weight bytes than the L2 cache, as in a real decode step), `--reps` times in a jitted
 fori_loop that carries the caches (so an extra copy of a cache would show as a large time), and reports
@@ -35,9 +35,12 @@ from kevin_jax.policy.model import apply_rope, rope_cos_sin  # pylint: disable=w
 PRESETS = {"0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "small": "small"}
 
 
-def xla_front(x, wq, wk, wv, bq, bk, bv, cos, sin, kc, vc, slot):
+def xla_front(x, wq, wk, wv, bq, bk, bv, cos, sin, kc, vc, slot, norm, eps=1e-6):
   """The model's XLA path for one decode step: returns (q [B, K, G_pad, H], k cache, v cache)."""
   b = x.shape[0]
+  xf = x.astype(jnp.float32)
+  x = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=1, keepdims=True) + eps) * norm.astype(jnp.float32)[None])
+  x = x.astype(wq.dtype)
   kh, h = wk.shape[1], wk.shape[2]
   q = jnp.einsum("bd,dnh->bnh", x, wq) + bq[None]
   k = jnp.einsum("bd,dkh->bkh", x, wk) + bk[None]
@@ -68,7 +71,7 @@ def time_layers(fn, x, weights, cos, sin, caches, reps: int) -> float:
     kcs, vcs = list(kcs), list(vcs)
     slot = i % kcs[0].shape[2]
     for layer, w in enumerate(zip(*weights)):
-      q, kcs[layer], vcs[layer] = fn(x0, *w, cos, sin, kcs[layer], vcs[layer], slot)
+      q, kcs[layer], vcs[layer] = fn(x0, *w[:6], cos, sin, kcs[layer], vcs[layer], slot, w[6])
       x0 = x0 + (q[:, 0, 0, :1] * 1e-3).astype(x0.dtype)
     return x0, tuple(kcs), tuple(vcs)
 
@@ -104,7 +107,7 @@ def main(argv=None) -> None:
     arr = lambda *s, scale=1.0: jnp.asarray(rng.standard_normal(s, np.float32) * scale, jnp.bfloat16)
     weights = tuple([arr(*s, scale=sc) for _ in range(a.layers)]
                     for s, sc in (((d, n, h), d ** -0.5), ((d, kh, h), d ** -0.5), ((d, kh, h), d ** -0.5),
-                                  ((n, h), 1.0), ((kh, h), 1.0), ((kh, h), 1.0)))
+                                  ((n, h), 1.0), ((kh, h), 1.0), ((kh, h), 1.0), ((d,), 0.1)))
     weight_bytes = sum(w[0].size for w in weights[:3]) * 2
     for b in (int(s) for s in a.batches.split(",")):
       x = arr(b, d)
@@ -112,13 +115,14 @@ def main(argv=None) -> None:
       versions = _versions(a.configs, a.interpret)
       first = [w[0] for w in weights]
       cache0 = arr(b, kh, a.slots, h)
-      want = [np.asarray(t, np.float32) for t in jax.jit(xla_front)(x, *first, cos, sin, cache0, cache0, 5)]
+      w6, norm = first[:6], first[6] + 1  # norm scales around 1
+      want = [np.asarray(t, np.float32) for t in jax.jit(xla_front)(x, *w6, cos, sin, cache0, cache0, 5, norm)]
       for rnd in range(a.rounds):
         for name, fn in versions.items():
           row = {"shape": shape, "batch": b, "version": name, "round": rnd}
           try:
             if rnd == 0:
-              got = [np.asarray(t, np.float32) for t in jax.jit(fn)(x, *first, cos, sin, cache0, cache0, 5)]
+              got = [np.asarray(t, np.float32) for t in jax.jit(fn)(x, *w6, cos, sin, cache0, cache0, 5, norm)]
               scale = max(np.max(np.abs(w)) for w in want)
               row["max_rel_diff_vs_xla"] = float(max(np.max(np.abs(g - w)) for g, w in zip(got, want)) / scale)
             caches = [tuple(jnp.zeros((b, kh, a.slots, h), jnp.bfloat16) for _ in range(a.layers)) for _ in "kv"]

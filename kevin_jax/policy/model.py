@@ -38,8 +38,8 @@ bucket of P tokens into slots [0, P) and writes generated token i to slot P + i 
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
 policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
-RoPE and cache write may run as one (cfg.decode_qkv, policy/decode_qkv.py). Multi-token calls, and so every
-gradient, use the einsums.
+RoPE and cache write may run as one, with the layer's input RMSNorm inside it (cfg.decode_qkv,
+policy/decode_qkv.py). Multi-token calls, and so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -240,8 +240,9 @@ class Attention(nnx.Module):
       impl = "pallas" if fits else "xla"
     return impl
 
-  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv) -> tuple[Array, tuple[Array, Array]]:
-    """A decode step through decode_qkv's one kernel (projection, RoPE, cache write), then decode attention."""
+  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, norm: RMSNorm
+                    ) -> tuple[Array, tuple[Array, Array]]:
+    """A decode step through decode_qkv's one kernel (norm, projection, RoPE, cache write), then decode attention."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
@@ -251,23 +252,24 @@ class Attention(nnx.Module):
     w = [p[...].astype(dt) for p in (self.q_kernel, self.k_kernel, self.v_kernel, self.q_bias, self.k_bias,
                                      self.v_bias)]
     q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
-        x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot,
+        x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, norm.scale[...], eps=norm.eps,
         interpret=self._decode_qkv_impl(x_BxD.shape[0]) == "interpret")
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
                                        groups=cfg.num_groups)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
 
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
-               cache_kv: tuple[Array, Array, Array, Array | None] | None
+               cache_kv: tuple[Array, Array, Array, Array | None] | None, norm: RMSNorm
                ) -> tuple[Array, tuple[Array, Array] | None]:
+    """Attention of norm(x); x is the residual stream (the decode_qkv kernel applies the norm itself)."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
-    x = x_BxTxD.astype(dt)
     if cache_kv is not None and t == 1 and self._decode_qkv_impl(b) != "xla":
-      o_BxKxGxH, new_kv = self._fused_decode(x[:, 0], positions_BxT, cache_kv)
+      o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0].astype(dt), positions_BxT, cache_kv, norm)
       o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
       return jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt)), new_kv
+    x = norm(x_BxTxD).astype(dt)
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
     k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
     v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]
@@ -358,7 +360,7 @@ class DecoderLayer(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
-    a_BxTxD, new_kv = self.attn(self.input_norm(h_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
+    a_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
     h_BxTxD = h_BxTxD + a_BxTxD
     h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD))
     return h_BxTxD, new_kv
