@@ -22,6 +22,7 @@ _DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
 _DECODE_MLP = ("auto", "xla", "pallas", "interpret")
 _DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
 _DECODE_QKV = ("auto", "xla", "pallas", "interpret")
+_DECODE_OUT = ("auto", "xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -65,6 +66,11 @@ class ModelConfig:
       write): 'xla' (the default: einsums, XLA's fusions and dynamic_update_slice) | 'auto' (the one Pallas
       kernel of policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most
       decode_qkv.MAX_ROWS, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: not yet measured on a GPU.
+    decode_out: the attention's output projection with the residual add in a one-token decode step: 'xla' (the
+      default: einsum and XLA's fusions) | 'auto' (the Pallas kernel of policy/decode_oproj.py on a GPU when its
+      shape rules hold and the batch is at most decode_oproj.MAX_ROWS, else 'xla') | 'pallas' | 'interpret'. Where
+      it runs and the MLP's front is the Pallas kernel (decode_mlp), that kernel applies the post-attention
+      RMSNorm itself. Opt-in: not yet measured on a GPU.
   """
 
   vocab_size: int
@@ -87,6 +93,7 @@ class ModelConfig:
   decode_mlp: str = "auto"
   decode_down: str = "auto"
   decode_qkv: str = "xla"
+  decode_out: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -113,6 +120,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.decode_down must be one of {_DECODE_DOWN}, got {self.decode_down!r}")
     if self.decode_qkv not in _DECODE_QKV:
       raise ValueError(f"ModelConfig.decode_qkv must be one of {_DECODE_QKV}, got {self.decode_qkv!r}")
+    if self.decode_out not in _DECODE_OUT:
+      raise ValueError(f"ModelConfig.decode_out must be one of {_DECODE_OUT}, got {self.decode_out!r}")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

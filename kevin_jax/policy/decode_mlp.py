@@ -50,30 +50,40 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(x_ref, wg_ref, wu_ref, o_ref, *, block_d: int):
+def _kernel(*refs, block_d: int, eps: float | None):
+  """refs: x, [the norm scale if eps is set,] w_gate, w_up, out."""
+  x_ref, norm_ref, wg_ref, wu_ref, o_ref = refs if eps is not None else (refs[0], None, *refs[1:])
   m, d = x_ref.shape
   bn = wg_ref.shape[1]
   exact = _EXACT if wg_ref.dtype == jnp.float32 else None
 
   def body(i, carry):
-    g, u = carry
+    g, u, ss = carry
     ks = pl.ds(pl.multiple_of(i * block_d, block_d), block_d)
     x = x_ref[:, ks]
+    if eps is not None:  # RMSNorm(x) @ W = r * ((x * scale) @ W): sums of squares alongside, r after the loop.
+      xf = x.astype(jnp.float32)
+      ss += jnp.sum(xf * xf, axis=1)
+      x = (xf * norm_ref[ks].astype(jnp.float32)[None, :]).astype(wg_ref.dtype)
     g += jax.lax.dot(x, wg_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
     u += jax.lax.dot(x, wu_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
-    return g, u
+    return g, u, ss
 
   zeros = jnp.zeros((m, bn), jnp.float32)
-  g, u = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros))
+  g, u, ss = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros, jnp.zeros((m,), jnp.float32)))
+  if eps is not None:
+    r = jax.lax.rsqrt(ss / d + eps)[:, None]
+    g, u = g * r, u * r
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "block_d", "block_m", "num_warps", "num_stages",
+@functools.partial(jax.jit, static_argnames=("eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: int = BLOCK_N,
-                 block_d: int = BLOCK_D, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
-                 interpret: bool = False) -> Array:
-  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation)."""
+def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, norm_scale_D: Array | None = None, *,
+                 eps: float = 1e-6, block_n: int = BLOCK_N, block_d: int = BLOCK_D, block_m: int = BLOCK_M,
+                 num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
+  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation). With
+  norm_scale_D, x is RMS-normed first (fp32, epsilon eps), inside the kernel: x is then the residual stream."""
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -81,14 +91,17 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
   block_d, block_n = pick_block(d, block_d), pick_block(f, block_n)
   if not (block_d and block_n):
     raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
+  if norm_scale_D is not None and norm_scale_D.shape != (d,):
+    raise ValueError(f"norm_scale_D must be [D={d}], got {norm_scale_D.shape}")
   mp = max(16, 1 << (b - 1).bit_length())  # Rows padded to a power of two >= 16.
   bm = min(mp, block_m)
   x = jnp.pad(x_BxD.astype(w_gate_DxF.dtype), ((0, mp - b), (0, 0)))
   out = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d),
+      functools.partial(_kernel, block_d=block_d, eps=None if norm_scale_D is None else float(eps)),
       grid=(mp // bm, f // block_n),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
+          *([] if norm_scale_D is None else [pl.BlockSpec((d,), lambda i, j: (0,))]),
           pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
           pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
       ],
@@ -97,7 +110,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_swiglu",
-  )(x, w_gate_DxF, w_up_DxF)
+  )(x, *([] if norm_scale_D is None else [norm_scale_D]), w_gate_DxF, w_up_DxF)
   return out[:b]
 
 

@@ -62,9 +62,14 @@ def supported(rows: int, hidden: int, head_dim: int, block_w: int = BLOCK_W) -> 
           and row_block(rows) > 0)
 
 
-def _kernel(slot_ref, x_ref, norm_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _kc_in,
-            _vc_in, q_ref, kc_ref, vc_ref, *, num_heads: int, num_kv_heads: int, groups: int, head_dim: int,
-            block_w: int, block_d: int, eps: float | None):
+def _kernel(*refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int, block_d: int,
+            eps: float | None):
+  """refs: slot, x, [the norm scale if eps is set,] the 3 weights, the 3 biases, cos, sin, the 2 caches (inputs,
+  aliased), then the outputs q and the 2 caches."""
+  if eps is None:
+    refs = (refs[0], refs[1], None, *refs[2:])
+  (slot_ref, x_ref, norm_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, _, q_ref, kc_ref,
+   vc_ref) = refs
   i, j = pl.program_id(0), pl.program_id(1)
   bm, d = x_ref.shape
   half = head_dim // 2
@@ -184,21 +189,22 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   whole = pl.BlockSpec()  # The whole array: the kernel computes its own offsets.
   rows = pl.BlockSpec((bm, d), lambda i, j: (i, 0))
   rope = pl.BlockSpec((bm, h // 2), lambda i, j: (i, 0))
+  norm_arg = [] if norm_scale_D is None else [norm_scale_D]  # no norm: no operand at all (no constant to build)
+  norm_spec = [whole] * len(norm_arg)
   q, kc, vc = pl.pallas_call(
       kernel,
       grid=(b // bm, (n + 2 * kh) * per_head),
-      in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows, whole, whole, whole, whole, whole, whole, whole, rope,
-                rope, whole, whole],
+      in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows, *norm_spec, whole, whole, whole, whole, whole, whole,
+                rope, rope, whole, whole],
       out_specs=[whole, whole, whole],
       out_shape=[jax.ShapeDtypeStruct((b, kh, decode_attention.padded_rows(groups), h), x_BxD.dtype),
                  jax.ShapeDtypeStruct(k_cache_BxKxSxH.shape, k_cache_BxKxSxH.dtype),
                  jax.ShapeDtypeStruct(v_cache_BxKxSxH.shape, v_cache_BxKxSxH.dtype)],
-      input_output_aliases={11: 1, 12: 2},
+      input_output_aliases={10 + len(norm_arg): 1, 11 + len(norm_arg): 2},  # the caches
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_qkv",
-  )(jnp.reshape(jnp.asarray(slot, jnp.int32), (1,)), x_BxD.astype(dt),
-    jnp.ones((d,), jnp.float32) if norm_scale_D is None else norm_scale_D, w_q_DxNxH.reshape(d, n * h),
+  )(jnp.reshape(jnp.asarray(slot, jnp.int32), (1,)), x_BxD.astype(dt), *norm_arg, w_q_DxNxH.reshape(d, n * h),
     w_k_DxKxH.reshape(d, kh * h), w_v_DxKxH.reshape(d, kh * h), b_q_NxH.reshape(n * h), b_k_KxH.reshape(kh * h),
     b_v_KxH.reshape(kh * h), cos_BxH2.astype(jnp.float32), sin_BxH2.astype(jnp.float32), k_cache_BxKxSxH,
     v_cache_BxKxSxH)

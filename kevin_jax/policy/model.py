@@ -73,6 +73,7 @@ from flax import nnx
 
 from kevin_jax.policy import decode_attention
 from kevin_jax.policy import decode_mlp
+from kevin_jax.policy import decode_oproj
 from kevin_jax.policy import decode_qkv
 from kevin_jax.policy.config import ModelConfig
 from kevin_jax.policy.decode_attention import SlotRanges
@@ -219,6 +220,19 @@ def _bf16_grad_matmul_bwd(spec, out_dtype, res, g):
 _bf16_grad_matmul.defvjp(_bf16_grad_matmul_fwd, _bf16_grad_matmul_bwd)
 
 
+def _resolve(impl: str, fits: bool) -> str:
+  """A decode kernel's ModelConfig choice with 'auto' resolved: the kernel on a GPU where it fits, else 'xla'."""
+  if impl == "auto":
+    return "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+  return impl
+
+
+def _decode_out_impl(cfg: ModelConfig, rows: int) -> str:
+  """cfg.decode_out for a one-token decode step of `rows` rows, 'auto' resolved."""
+  return _resolve(cfg.decode_out, decode_oproj.supported(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+                  and rows <= decode_oproj.MAX_ROWS)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -233,12 +247,9 @@ class Attention(nnx.Module):
 
   def _decode_qkv_impl(self, rows: int) -> str:
     """cfg.decode_qkv for a one-token decode step of `rows` rows, 'auto' resolved."""
-    impl = self.cfg.decode_qkv
-    if impl == "auto":
-      fits = (decode_qkv.supported(rows, self.cfg.hidden_size, self.cfg.head_dim) and rows <= decode_qkv.MAX_ROWS
-              and jax.default_backend() == "gpu")
-      impl = "pallas" if fits else "xla"
-    return impl
+    cfg = self.cfg
+    return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
+                    and rows <= decode_qkv.MAX_ROWS)
 
   def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, norm: RMSNorm
                     ) -> tuple[Array, tuple[Array, Array]]:
@@ -261,15 +272,29 @@ class Attention(nnx.Module):
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
                cache_kv: tuple[Array, Array, Array, Array | None] | None, norm: RMSNorm
                ) -> tuple[Array, tuple[Array, Array] | None]:
-    """Attention of norm(x); x is the residual stream (the decode_qkv kernel applies the norm itself)."""
+    """x + attention(norm(x)), and the updated (k, v) cache or None. x is the residual stream: a decode step's
+    kernels may apply the norm (cfg.decode_qkv) and the residual add (cfg.decode_out) themselves."""
+    cfg = self.cfg
+    b, t, _ = x_BxTxD.shape
+    if cache_kv is not None and t == 1 and self._decode_qkv_impl(b) != "xla":
+      o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT, cache_kv,
+                                             norm)
+      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    else:
+      o_BxTxNxH, new_kv = self._attend_xla(norm(x_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
+    if cache_kv is not None and t == 1 and _decode_out_impl(cfg, b) != "xla":
+      h_BxD = decode_oproj.out_proj_residual(o_BxTxNxH[:, 0], self.o_kernel[...].astype(cfg.compute_jnp_dtype),
+                                             x_BxTxD[:, 0], interpret=_decode_out_impl(cfg, b) == "interpret")
+      return h_BxD[:, None], new_kv
+    return x_BxTxD + jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(cfg.compute_jnp_dtype)), new_kv
+
+  def _attend_xla(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None, cache_kv
+                  ) -> tuple[Array, tuple[Array, Array] | None]:
+    """The heads' outputs [B, T, N, H] for normed x, and the updated cache: einsums, XLA's fusions."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
-    if cache_kv is not None and t == 1 and self._decode_qkv_impl(b) != "xla":
-      o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0].astype(dt), positions_BxT, cache_kv, norm)
-      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
-      return jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt)), new_kv
-    x = norm(x_BxTxD).astype(dt)
+    x = x_BxTxD.astype(dt)
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)[None, None]
     k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)[None, None]
     v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)[None, None]
@@ -294,9 +319,7 @@ class Attention(nnx.Module):
       o_BxTxKxGxH = _decode_step_attention(cfg, q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS)[:, None]
     else:
       o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
-    o_BxTxNxH = o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    out_BxTxD = jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(dt))
-    return out_BxTxD, new_kv
+    return o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim), new_kv
 
   def _self_attend(self, q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT):
     cfg = self.cfg
@@ -318,8 +341,7 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.dtype = cfg.compute_jnp_dtype
-    self.decode_impl, self.decode_down = cfg.decode_mlp, cfg.decode_down
+    self.cfg = cfg
     d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_jnp_dtype
     self.gate_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
@@ -327,26 +349,27 @@ class MLP(nnx.Module):
 
   def _decode_impls(self, rows: int) -> tuple[str, str]:
     """(front, down) implementations of a one-token decode step of `rows` rows ('auto' resolved)."""
-    d = self.gate_kernel.shape[0]
-    fits = (decode_mlp.supported(*self.gate_kernel.shape) and rows <= decode_mlp.AUTO_MAX_ROWS
-            and jax.default_backend() == "gpu")
-    front, down = self.decode_impl, self.decode_down
-    if front == "auto":
-      front = "pallas" if fits else "xla"
-    if down == "auto":
-      down = "pallas" if fits and d <= decode_mlp.AUTO_DOWN_MAX_D else "xla"
-    return front, down
+    cfg = self.cfg
+    fits = decode_mlp.supported(cfg.hidden_size, cfg.intermediate_size) and rows <= decode_mlp.AUTO_MAX_ROWS
+    return (_resolve(cfg.decode_mlp, fits),
+            _resolve(cfg.decode_down, fits and cfg.hidden_size <= decode_mlp.AUTO_DOWN_MAX_D))
 
-  def __call__(self, x_BxTxD: Array) -> Array:
-    dt = self.dtype
-    x = x_BxTxD.astype(dt)
+  def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
+    """The MLP of norm(x). In a decode step the fused front may apply the norm itself: with cfg.decode_out, whose
+    kernel stores the residual stream that the norm reads."""
+    dt = self.cfg.compute_jnp_dtype
+    b, t, _ = x_BxTxD.shape
     wg, wu, wd = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel, self.down_kernel))
     # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
-    front, down = self._decode_impls(x.shape[0]) if x.shape[1] == 1 else ("xla", "xla")
+    front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
     if front == "xla":
+      x = norm(x_BxTxD).astype(dt)
       h_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
+    elif _decode_out_impl(self.cfg, b) != "xla":
+      h_BxTxF = decode_mlp.swiglu_front(x_BxTxD[:, 0].astype(dt), wg, wu, norm.scale[...], eps=norm.eps,
+                                        interpret=front == "interpret")[:, None]
     else:
-      h_BxTxF = decode_mlp.swiglu_front(x[:, 0], wg, wu, interpret=front == "interpret")[:, None]
+      h_BxTxF = decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
     if down == "xla":
       return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
     return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
@@ -360,9 +383,8 @@ class DecoderLayer(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
-    a_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
-    h_BxTxD = h_BxTxD + a_BxTxD
-    h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD))
+    h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
+    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
     return h_BxTxD, new_kv
 
 

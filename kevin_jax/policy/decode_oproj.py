@@ -1,0 +1,90 @@
+"""The attention's output projection and the residual add of a decode step as one Pallas kernel:
+h + o @ W_o ([B, N*H] x [N*H, D]) in h's dtype (ModelConfig.decode_out).
+
+In a decode step XLA runs the o projection as a GEMM split along N*H into fp32 partials (4.8 us per layer on the
+0.5B shape at B = 64), then one Triton fusion that sums them, adds the residual and computes the post-attention
+RMSNorm without storing the sum (2.5 us); the residual add after the MLP recomputes that sum (BENCHMARKS.md,
+thirteenth session). Here program (i, j) owns rows [i*block_m, ...) and columns [j*block_n, ...) of the output:
+it loops over N*H in `block_k` slices with an fp32 accumulator, adds the residual and writes h + o @ W_o once.
+The post-attention RMSNorm then runs inside the MLP's fused front (decode_mlp.swiglu_front with its norm scale),
+so the layer has no norm kernel there either.
+
+Numbers: fp32 accumulation and residual add, one rounding (XLA's path rounds o @ W_o to the compute dtype before
+the add). tests/test_policy_decode_oproj.py compares with a float64 reference in interpret mode (fp32) and checks
+the Triton lowering on the CPU; its GPU test compares on the GPU. Not yet measured on a GPU: see
+ModelConfig.decode_out.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from kevin_jax.policy.decode_mlp import pick_block
+
+Array = jax.Array
+_EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
+BLOCK_N = 16  # Output columns per program at most: D = 896 gives 56 programs (the GEMM reads 1.6 MB).
+BLOCK_K = 128  # N*H per loop iteration at most.
+BLOCK_M = 64  # Rows per program at most.
+MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
+
+
+def supported(inner: int, hidden: int) -> bool:
+  """Whether the kernel takes N*H = inner and D = hidden: both multiples of 16."""
+  return pick_block(inner, BLOCK_K) > 0 and pick_block(hidden, BLOCK_N) > 0
+
+
+def _kernel(o_ref, w_ref, h_ref, out_ref, *, block_k: int):
+  m, inner = o_ref.shape
+  bn = w_ref.shape[1]
+  exact = _EXACT if w_ref.dtype == jnp.float32 else None
+
+  def body(t, acc):
+    ks = pl.ds(pl.multiple_of(t * block_k, block_k), block_k)
+    return acc + jax.lax.dot(o_ref[:, ks], w_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
+
+  acc = jax.lax.fori_loop(0, inner // block_k, body, jnp.zeros((m, bn), jnp.float32))
+  out_ref[...] = (h_ref[...].astype(jnp.float32) + acc).astype(out_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_n", "block_k", "block_m", "num_warps", "num_stages",
+                                             "interpret"))
+def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, block_n: int = BLOCK_N,
+                      block_k: int = BLOCK_K, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
+                      interpret: bool = False) -> Array:
+  """h + o @ w_o: o [B, N, H] (the attention's heads), w_o [N, H, D] as the model stores it, h [B, D]; returns
+  [B, D] in h's dtype (fp32 accumulation and add, one rounding)."""
+  b, n, hd = o_BxNxH.shape
+  d = w_o_NxHxD.shape[2]
+  if w_o_NxHxD.shape[:2] != (n, hd):
+    raise ValueError(f"w_o must be [N={n}, H={hd}, D], got {w_o_NxHxD.shape}")
+  if h_BxD.shape != (b, d):
+    raise ValueError(f"the residual must be [B={b}, D={d}], got {h_BxD.shape}")
+  inner = n * hd
+  block_k, block_n = pick_block(inner, block_k), pick_block(d, block_n)
+  if not (block_k and block_n):
+    raise ValueError(f"out_proj_residual needs N*H ({inner}) and D ({d}) multiples of 16")
+  mp = max(16, 1 << (b - 1).bit_length())  # Rows padded to a power of two >= 16.
+  bm = min(mp, block_m)
+  pad = ((0, mp - b), (0, 0))
+  o = jnp.pad(o_BxNxH.reshape(b, inner).astype(w_o_NxHxD.dtype), pad)
+  out = pl.pallas_call(
+      functools.partial(_kernel, block_k=block_k),
+      grid=(mp // bm, d // block_n),
+      in_specs=[
+          pl.BlockSpec((bm, inner), lambda i, j: (i, 0)),
+          pl.BlockSpec((inner, block_n), lambda i, j: (0, j)),
+          pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
+      ],
+      out_specs=pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
+      out_shape=jax.ShapeDtypeStruct((mp, d), h_BxD.dtype),
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="kevin_decode_oproj",
+  )(o, w_o_NxHxD.reshape(inner, d), jnp.pad(h_BxD, pad))
+  return out[:b]

@@ -1,0 +1,125 @@
+"""The decode step's output projection with the residual add (policy/decode_oproj.py, ModelConfig.decode_out) against
+a float64 reference: in interpret mode on the CPU, lowered to Triton IR for the GPU on the CPU, compiled by Triton
+on the GPU (marker gpu); and the sampler end to end with it, alone and with every decode kernel at once."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kevin_jax.policy import get_preset
+from kevin_jax.policy.decode_oproj import out_proj_residual, supported
+from tests.test_common import assert_sampler_same_with_kernel
+
+
+def _case(b, n, hd, d, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  arr = lambda *shape, scale=1.0: jnp.asarray(rng.standard_normal(shape) * scale, dtype)
+  return arr(b, n, hd), arr(n, hd, d, scale=(n * hd) ** -0.5), arr(b, d, scale=4.0)
+
+
+def _reference(o, w, h):
+  o, w, h = (np.asarray(a, np.float64) for a in (o, w, h))
+  return h + np.einsum("bnh,nhd->bd", o, w)
+
+
+@pytest.mark.parametrize("b,n,hd,d,block_m,block_n", [(64, 14, 64, 128, 64, 16), (5, 4, 32, 64, 64, 16),
+                                                      (48, 6, 128, 96, 16, 32), (100, 8, 16, 48, 64, 16)])
+def test_matches_reference_fp32(b, n, hd, d, block_m, block_n):
+  o, w, h = _case(b, n, hd, d, jnp.float32)
+  got = out_proj_residual(o, w, h, block_m=block_m, block_n=block_n, interpret=True)
+  assert got.shape == (b, d) and got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), _reference(o, w, h), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_rounds_once():
+  o, w, h = _case(16, 14, 64, 256, jnp.bfloat16, seed=1)
+  got = np.asarray(out_proj_residual(o, w, h, interpret=True), np.float64)
+  want = _reference(o, w, h)
+  np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-6)  # fp32 sum, then one bf16 rounding
+  # The XLA path rounds o @ w to bf16 before the add: two roundings, never closer than one here.
+  xla = np.asarray(h + jnp.einsum("bnh,nhd->bd", o, w), np.float64)
+  assert 0 < np.max(np.abs(got - want)) <= np.max(np.abs(xla - want))
+
+
+def test_shape_rules():
+  assert supported(896, 896) and supported(5120, 5120) and not supported(40, 896) and not supported(896, 40)
+  o, w, h = _case(4, 2, 20, 64, jnp.float32)
+  with pytest.raises(ValueError, match="multiples of 16"):
+    out_proj_residual(o, w, h, interpret=True)
+  o, w, h = _case(4, 2, 32, 64, jnp.float32)
+  with pytest.raises(ValueError, match="residual must be"):
+    out_proj_residual(o, w, h[:, :32], interpret=True)
+  with pytest.raises(ValueError, match="w_o must be"):
+    out_proj_residual(o, w[:1], h, interpret=True)
+
+
+def test_lowers_to_triton():
+  """Lowers through Pallas' Triton backend for a GPU target on the CPU (the 0.5B shape, 64 rows)."""
+  b, n, hd, d = 64, 14, 64, 896
+  args = (jax.ShapeDtypeStruct((b, n, hd), jnp.bfloat16), jax.ShapeDtypeStruct((n, hd, d), jnp.bfloat16),
+          jax.ShapeDtypeStruct((b, d), jnp.bfloat16))
+  text = jax.jit(out_proj_residual).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_sampler_same_tokens_with_the_kernel():
+  """decode_out alone (interpret): the MLP front stays XLA's, which applies the norm."""
+  assert_sampler_same_with_kernel("decode_out", max_new_tokens=30)
+
+
+def test_sampler_same_tokens_with_the_norm_in_the_mlp_front():
+  """decode_out with the fused MLP front (both interpret): the front applies the post-attention norm itself."""
+  assert_sampler_same_with_kernel("decode_out", max_new_tokens=30, decode_mlp="interpret")
+
+
+def test_sampler_same_tokens_with_every_decode_kernel():
+  """All the decode kernels at once (interpret), 16 rows, against all of them 'xla'."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy import Qwen2  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
+  fields = ("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out")
+  prompts = [list(range(5 + i, 5 + 3 * i)) for i in range(1, 17)]
+  outs = {}
+  for impl in ("xla", "interpret"):
+    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", head_dim=32,
+                     **{f: impl for f in fields})
+    sampler = Sampler(cfg, None, SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype="float32"))
+    outs[impl] = sampler.generate(Qwen2(cfg, rngs=nnx.Rngs(3)), prompts, seed=0, max_new_tokens=20,
+                                  temperature=0.0, eos_ids=[])
+  assert outs["xla"].tokens == outs["interpret"].tokens
+  for a, b in zip(outs["xla"].logprobs, outs["interpret"].logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_bad_config_value():
+  with pytest.raises(ValueError, match="decode_out"):
+    get_preset("tiny", decode_out="triton")
+
+
+@pytest.mark.parametrize("backend,rows,want", [("cpu", 64, "xla"), ("gpu", 64, "pallas"), ("gpu", 1, "pallas"),
+                                               ("gpu", 65, "xla")])
+def test_auto_resolution(monkeypatch, backend, rows, want):
+  """decode_out 'auto': the kernel on a GPU up to MAX_ROWS rows; the default is 'xla' (opt-in until measured)."""
+  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
+  cfg = get_preset("tiny")
+  assert cfg.decode_out == "xla"
+  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
+  assert model_lib._decode_out_impl(cfg.replace(decode_out="auto"), rows) == want  # pylint: disable=protected-access
+  assert model_lib._decode_out_impl(cfg, rows) == "xla"  # pylint: disable=protected-access
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,b,block_n", [("float32", 64, 16), ("bfloat16", 64, 16), ("bfloat16", 64, 32),
+                                             ("bfloat16", 24, 16)])
+def test_triton_kernel_on_gpu(dtype, b, block_n):
+  """Compiled by Triton on the Qwen2.5-0.5B shape ([B, 14 x 64] x [896, 896] + [B, 896])."""
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
+  o, w, h = _case(b, 14, 64, 896, jnp.dtype(dtype))
+  with jax.default_device(dev):
+    got = np.asarray(out_proj_residual(o, w, h, block_n=block_n), np.float64)
+  tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=2 ** -8, atol=1e-5)
+  np.testing.assert_allclose(got, _reference(o, w, h), **tol)
