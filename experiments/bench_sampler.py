@@ -86,7 +86,8 @@ def jax_worker(args) -> dict:
   out["copy_bandwidth_Bps"] = _copy_bandwidth(jax, jnp)
   print(f"[jax] {out['device']}: copy bandwidth {out['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s", flush=True)
   cfg = get_preset(MODELS[args.model], param_dtype="bfloat16", compute_dtype="bfloat16",
-                   attention_impl=args.attention, decode_attention=args.decode_attention)
+                   attention_impl=args.attention, decode_attention=args.decode_attention,
+                   decode_qkv=args.decode_qkv, decode_out=args.decode_out)
   t = time.perf_counter()
   # Random weights drawn on the host: jitting Qwen2's own initialiser compiled for minutes on the H200
   # (XLA "very slow compile" alarm, 2026-11-29), and decode speed does not depend on the values.
@@ -107,7 +108,8 @@ def jax_worker(args) -> dict:
   rng = np.random.RandomState(args.seed)
   kw = dict(max_new_tokens=args.new_tokens, temperature=0.9, top_p=1.0, top_k=0)
   samplers = {b: Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(args.prompt_len,),
-                                                  kv_cache_dtype="bfloat16")) for b in args.batches}
+                                                  kv_cache_dtype="bfloat16", decode_fusion=bool(args.decode_fusion)))
+              for b in args.batches}
   # Compile every batch size's prefill + decode concurrently (XLA compiles outside the GIL): saves wall time.
   t = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(len(samplers)) as pool:
@@ -208,7 +210,8 @@ def _run_worker(kind: str, args, model: str, weights_dir: str, out_dir: str, tim
          "--weights-dir", weights_dir, "--batches", ",".join(map(str, args.batches)),
          "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
          "--hf-new-tokens", str(args.hf_new_tokens), "--seed", str(args.seed), "--attention", args.attention,
-         "--decode-attention", args.decode_attention,
+         "--decode-attention", args.decode_attention, "--decode-qkv", args.decode_qkv, "--decode-out",
+         args.decode_out, "--decode-fusion", str(args.decode_fusion),
          "--dump-dir", dump, "--json", os.path.join(out_dir, f"{kind}_{model}.json")]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_REPO + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
@@ -254,6 +257,12 @@ def main(argv=None):
   p.add_argument("--attention", default="xla", choices=("xla", "cudnn"), help="prefill attention implementation")
   p.add_argument("--decode-attention", default="auto", choices=("auto", "xla", "pallas"),
                  help="decode attention (auto: the Pallas kernel on a GPU)")
+  p.add_argument("--decode-qkv", default="xla", choices=("auto", "xla", "pallas"),
+                 help="ModelConfig.decode_qkv (pallas: norm, q/k/v projection, RoPE and cache write in one kernel)")
+  p.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas"),
+                 help="ModelConfig.decode_out (pallas: o projection + residual in one kernel, the norm in the MLP's)")
+  p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
+                 help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--budget-s", type=float, default=225.0, help="skip remaining workers past this wall time")
   p.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script; CPU ok)")
