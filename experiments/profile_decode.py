@@ -133,9 +133,9 @@ def main():
                   help="ModelConfig.decode_mlp of the traced generate calls (one per process: JAX reuses a trace)")
   ap.add_argument("--decode-down", default="auto", choices=("auto", "xla", "pallas"),
                   help="ModelConfig.decode_down (the decode step's down projection; pallas: the split kernel)")
-  ap.add_argument("--decode-qkv", default="xla", choices=("auto", "xla", "pallas"),
+  ap.add_argument("--decode-qkv", default="xla", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_qkv (pallas: q/k/v projection, RoPE and cache write in one kernel)")
-  ap.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas"),
+  ap.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_out (pallas: o projection + residual in one kernel, the norm in the MLP's)")
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
