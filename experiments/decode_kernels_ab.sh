@@ -13,9 +13,11 @@ set -u
 cd "$(dirname "$0")/.."
 prof="python3 experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"
 new="--decode-qkv pallas --decode-out pallas"
+gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py"
+bench="python3 experiments/bench_sampler.py --models 0.5b --batches 64,256 --decode-qkv auto --decode-out auto"
 case "${1:-}" in
   1) exec bash experiments/gpu_session.sh \
-       "gpu_tests=330=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py tests/test_policy_gpu.py" \
+       "gpu_tests=330=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests tests/test_policy_gpu.py" \
        "qkv_alone=200=python3 experiments/bench_decode_qkv.py --shapes 0.5b --rounds 1 --out \$OUT/qkv_alone" ;;
   2) exec bash experiments/gpu_session.sh \
        "base1=85=$prof --out \$OUT/base1" \
@@ -25,6 +27,6 @@ case "${1:-}" in
        "new2=85=$prof $new --out \$OUT/new2" \
        "new_fusion=85=$prof $new --decode-fusion 1 --out \$OUT/new_fusion" ;;
   3) exec bash experiments/gpu_session.sh \
-       "bench_sampler=560=python3 experiments/bench_sampler.py --models 0.5b --batches 64,256 --decode-qkv auto --decode-out auto --budget-s 540 --out \$OUT/bench_sampler" ;;
+       "bench_sampler=560=$bench --budget-s 540 --out \$OUT/bench_sampler" ;;
   *) echo "usage: $0 1|2|3 (see the header)" >&2; exit 2 ;;
 esac

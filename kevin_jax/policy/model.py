@@ -39,7 +39,9 @@ padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
 policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
 RoPE and cache write may run as one, with the layer's input RMSNorm inside it (cfg.decode_qkv,
-policy/decode_qkv.py). Multi-token calls, and so every gradient, use the einsums.
+policy/decode_qkv.py), and its o projection with the residual add as another (cfg.decode_out,
+policy/decode_oproj.py; the MLP's fused front then applies the post-attention RMSNorm). So Attention and MLP take
+the residual stream and their norm. Multi-token calls, and so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -282,11 +284,12 @@ class Attention(nnx.Module):
       o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     else:
       o_BxTxNxH, new_kv = self._attend_xla(norm(x_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
-    if cache_kv is not None and t == 1 and _decode_out_impl(cfg, b) != "xla":
-      h_BxD = decode_oproj.out_proj_residual(o_BxTxNxH[:, 0], self.o_kernel[...].astype(cfg.compute_jnp_dtype),
-                                             x_BxTxD[:, 0], interpret=_decode_out_impl(cfg, b) == "interpret")
+    w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
+    out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
+    if out != "xla":
+      h_BxD = decode_oproj.out_proj_residual(o_BxTxNxH[:, 0], w_o, x_BxTxD[:, 0], interpret=out == "interpret")
       return h_BxD[:, None], new_kv
-    return x_BxTxD + jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(cfg.compute_jnp_dtype)), new_kv
+    return x_BxTxD + jnp.einsum("btnh,nhd->btd", o_BxTxNxH, w_o), new_kv
 
   def _attend_xla(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None, cache_kv
                   ) -> tuple[Array, tuple[Array, Array] | None]:
@@ -365,11 +368,12 @@ class MLP(nnx.Module):
     if front == "xla":
       x = norm(x_BxTxD).astype(dt)
       h_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
-    elif _decode_out_impl(self.cfg, b) != "xla":
+    elif _decode_out_impl(self.cfg, b) != "xla":  # the residual stream is stored: the kernel norms it itself
       h_BxTxF = decode_mlp.swiglu_front(x_BxTxD[:, 0].astype(dt), wg, wu, norm.scale[...], eps=norm.eps,
                                         interpret=front == "interpret")[:, None]
     else:
-      h_BxTxF = decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
+      h_BxTxF = decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu,
+                                        interpret=front == "interpret")[:, None]
     if down == "xla":
       return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
     return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
