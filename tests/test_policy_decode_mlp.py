@@ -56,6 +56,18 @@ def test_norm_inside_matches_reference_fp32(b, d, f):
     swiglu_front(x, wg, wu, scale[:16], interpret=True)
 
 
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_front_lowers_to_triton(with_norm):
+  """The front lowers through Pallas' Triton backend for a GPU target on the CPU (0.5B shape, 64 rows), with and
+  without the norm inside; without it, no norm-scale operand is passed at all."""
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  args = (spec(64, 896), spec(896, 4864), spec(896, 4864)) + ((spec(896),) if with_norm else ())
+  text = jax.jit(swiglu_front).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+  assert len(call) == 1 and call[0].count("tensor<896x4864xbf16>") == 2
+  assert ("tensor<896xbf16>" in call[0]) == with_norm
+
+
 def test_shape_rules():
   assert [pick_block(d, 128) for d in (896, 1536, 64, 48, 40, 8)] == [128, 128, 64, 16, 0, 0]
   assert [pick_block(f, 32) for f in (4864, 8960, 96, 48, 40)] == [32, 32, 32, 16, 0]
