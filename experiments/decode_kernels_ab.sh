@@ -8,7 +8,8 @@
 #
 # Part 2 compares, on the 0.5B shape at batch 64 (the goal's case): the current default; decode_qkv alone;
 # decode_qkv + decode_out; and the same with decode_fusion, each in its own process (JAX reuses a trace), the
-# default and the full set twice, alternated. Results: $OUT/<stage>/results.json and the stage logs (gpu_session.sh).
+# default and the full set twice, alternated. Results: $OUT/<stage>/results.json and the stage logs (gpu_session.sh);
+# `python3 experiments/decode_ab_table.py <the stage dirs>` puts them side by side.
 set -u
 cd "$(dirname "$0")/.."
 prof="python3 experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"

@@ -50,6 +50,7 @@ BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
 MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
 
+
 def row_block(rows: int, block_m: int = BLOCK_M) -> int:
   """The largest power of two <= block_m dividing rows, or 0 if that is under 16."""
   return pick_block(rows, block_m)
