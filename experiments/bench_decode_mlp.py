@@ -58,6 +58,40 @@ def time_layers(fn, x, weights: tuple, reps: int) -> float:
   return (time.perf_counter() - t) / (reps * len(weights[0])) * 1e6
 
 
+def run_rounds(rows: list, base: dict, versions: dict, rounds: int, max_rel_diff, time_us, weight_bytes: int):
+  """Each version `rounds` times, alternating (A B A B), into `rows`: base + version, round, us, weight_TBps and,
+  in round 0, max_rel_diff(fn) against XLA's result; a failing version gets an error row instead."""
+  for rnd in range(rounds):
+    for name, fn in versions.items():
+      row = {**base, "version": name, "round": rnd}
+      try:
+        if rnd == 0:
+          row["max_rel_diff_vs_xla"] = max_rel_diff(fn)
+        us = time_us(fn)
+        row.update(us=us, weight_TBps=weight_bytes / us / 1e6)
+      except Exception as e:  # pylint: disable=broad-except
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+
+
+def print_table(rows: list, keys: tuple) -> None:
+  """One markdown line per (keys..., version): the rounds' us / layer, the best weights TB/s, round 0's diff."""
+  names = {"batch": "B"}
+  print("\n| " + " | ".join(names.get(k, k) for k in keys) + " | version | us / layer (rounds) | weights TB/s | "
+        "max rel diff vs XLA |")
+  print("|" + "---|" * (len(keys) + 4))
+  for k in dict.fromkeys(tuple(r[f] for f in (*keys, "version")) for r in rows):
+    rs = [r for r in rows if tuple(r[f] for f in (*keys, "version")) == k]
+    cells = " | ".join(str(v) for v in k)
+    if any("error" in r for r in rs):
+      print(f"| {cells} | failed: {next(r['error'] for r in rs if 'error' in r)[:80]} | | |")
+      continue
+    us = " / ".join(f"{r['us']:.2f}" for r in rs)
+    diff = rs[0].get("max_rel_diff_vs_xla", float("nan"))
+    print(f"| {cells} | {us} | {max(r['weight_TBps'] for r in rs):.2f} | {diff:.1e} |")
+
+
 def xla_down(h, wd):
   return jnp.einsum("bf,fd->bd", h, wd)
 
@@ -118,39 +152,18 @@ def main(argv=None) -> None:
         first = [w[0] for w in weights]
         versions = _versions(part, configs, a.interpret)
         want = np.asarray(jax.jit(versions["xla"])(x, *first), np.float32)
-        for rnd in range(a.rounds):
-          for name, fn in versions.items():
-            row = {"shape": shape, "part": part, "batch": b, "version": name, "round": rnd}
-            try:
-              if rnd == 0:
-                got = np.asarray(jax.jit(fn)(x, *first), np.float32)
-                row["max_rel_diff_vs_xla"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-              us = time_layers(fn, x, weights, a.reps)
-              row.update(us=us, weight_TBps=weight_bytes / us / 1e6)
-            except Exception as e:  # pylint: disable=broad-except
-              row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+
+        def max_rel_diff(fn, x=x, first=first, want=want):
+          got = np.asarray(jax.jit(fn)(x, *first), np.float32)
+          return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+        run_rounds(rows, {"shape": shape, "part": part, "batch": b}, versions, a.rounds, max_rel_diff,
+                   lambda fn, x=x, weights=weights: time_layers(fn, x, weights, a.reps), weight_bytes)
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "layers": a.layers, "reps": a.reps,
          "rows": rows}
   with open(os.path.join(a.out, "results.json"), "w", encoding="utf-8") as fh:
     json.dump(res, fh, indent=1)
-  print("\n| shape | part | B | version | us / layer (rounds) | weights TB/s | max rel diff vs XLA |")
-  print("|---|---|---|---|---|---|---|")
-  keys = []
-  for r in rows:
-    k = (r["shape"], r["part"], r["batch"], r["version"])
-    if k not in keys:
-      keys.append(k)
-  for k in keys:
-    rs = [r for r in rows if (r["shape"], r["part"], r["batch"], r["version"]) == k]
-    if any("error" in r for r in rs):
-      print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | failed: {next(r['error'] for r in rs if 'error' in r)[:80]} | | |")
-      continue
-    us = " / ".join(f"{r['us']:.2f}" for r in rs)
-    tb = max(r["weight_TBps"] for r in rs)
-    diff = rs[0].get("max_rel_diff_vs_xla", float("nan"))
-    print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {us} | {tb:.2f} | {diff:.1e} |")
+  print_table(rows, ("shape", "part", "batch"))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
+from experiments.bench_decode_mlp import print_table, run_rounds  # pylint: disable=wrong-import-position
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_attention import padded_rows  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
@@ -117,36 +118,22 @@ def main(argv=None) -> None:
       cache0 = arr(b, kh, a.slots, h)
       w6, norm = first[:6], first[6] + 1  # norm scales around 1
       want = [np.asarray(t, np.float32) for t in jax.jit(xla_front)(x, *w6, cos, sin, cache0, cache0, 5, norm)]
-      for rnd in range(a.rounds):
-        for name, fn in versions.items():
-          row = {"shape": shape, "batch": b, "version": name, "round": rnd}
-          try:
-            if rnd == 0:
-              got = [np.asarray(t, np.float32) for t in jax.jit(fn)(x, *w6, cos, sin, cache0, cache0, 5, norm)]
-              scale = max(np.max(np.abs(w)) for w in want)
-              row["max_rel_diff_vs_xla"] = float(max(np.max(np.abs(g - w)) for g, w in zip(got, want)) / scale)
-            caches = [tuple(jnp.zeros((b, kh, a.slots, h), jnp.bfloat16) for _ in range(a.layers)) for _ in "kv"]
-            us = time_layers(fn, x, weights, cos, sin, caches, a.reps)
-            row.update(us=us, weight_TBps=weight_bytes / us / 1e6)
-          except Exception as e:  # pylint: disable=broad-except
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-          rows.append(row)
-          print(json.dumps(row), flush=True)
+
+      def max_rel_diff(fn, x=x, w6=w6, cos=cos, sin=sin, cache0=cache0, norm=norm, want=want):
+        got = [np.asarray(t, np.float32) for t in jax.jit(fn)(x, *w6, cos, sin, cache0, cache0, 5, norm)]
+        scale = max(np.max(np.abs(w)) for w in want)
+        return float(max(np.max(np.abs(g - w)) for g, w in zip(got, want)) / scale)
+
+      def time_us(fn, b=b, x=x, cos=cos, sin=sin):
+        caches = [tuple(jnp.zeros((b, kh, a.slots, h), jnp.bfloat16) for _ in range(a.layers)) for _ in "kv"]
+        return time_layers(fn, x, weights, cos, sin, caches, a.reps)
+
+      run_rounds(rows, {"shape": shape, "batch": b}, versions, a.rounds, max_rel_diff, time_us, weight_bytes)
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "layers": a.layers, "reps": a.reps,
          "slots": a.slots, "rows": rows}
   with open(os.path.join(a.out, "results.json"), "w", encoding="utf-8") as fh:
     json.dump(res, fh, indent=1)
-  print("\n| shape | B | version | us / layer (rounds) | weights TB/s | max rel diff vs XLA |")
-  print("|---|---|---|---|---|---|")
-  keys = list(dict.fromkeys((r["shape"], r["batch"], r["version"]) for r in rows))
-  for k in keys:
-    rs = [r for r in rows if (r["shape"], r["batch"], r["version"]) == k]
-    if any("error" in r for r in rs):
-      print(f"| {k[0]} | {k[1]} | {k[2]} | failed: {next(r['error'] for r in rs if 'error' in r)[:80]} | | |")
-      continue
-    us = " / ".join(f"{r['us']:.2f}" for r in rs)
-    diff = rs[0].get("max_rel_diff_vs_xla", float("nan"))
-    print(f"| {k[0]} | {k[1]} | {k[2]} | {us} | {max(r['weight_TBps'] for r in rs):.2f} | {diff:.1e} |")
+  print_table(rows, ("shape", "batch"))
 
 
 if __name__ == "__main__":

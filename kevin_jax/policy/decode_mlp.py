@@ -27,8 +27,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from kevin_jax.policy import decode_tiles
+from kevin_jax.policy.decode_tiles import pick_block
+
 Array = jax.Array
-_EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
 BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs. Measured against 32 (152 programs):
                # +1.2 % decode tokens/s (sixteenth session) and 2-3 % faster kernel alone (seventeenth; BENCHMARKS.md).
 BLOCK_D = 128  # D per loop iteration at most.
@@ -39,12 +41,6 @@ AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this b
                     # the weights and the first kernel-alone harness had it slower.
 
 
-def pick_block(size: int, block: int) -> int:
-  """The largest power of two <= block dividing `size`, or 0 if that is under 16 (matmul tiles)."""
-  b = min(block, size & -size)
-  return b if b >= 16 else 0
-
-
 def supported(hidden: int, intermediate: int) -> bool:
   """Whether the kernel takes D = hidden and F = intermediate: both multiples of 16."""
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
@@ -53,27 +49,8 @@ def supported(hidden: int, intermediate: int) -> bool:
 def _kernel(*refs, block_d: int, eps: float | None):
   """refs: x, [the norm scale if eps is set,] w_gate, w_up, out."""
   x_ref, norm_ref, wg_ref, wu_ref, o_ref = refs if eps is not None else (refs[0], None, *refs[1:])
-  m, d = x_ref.shape
-  bn = wg_ref.shape[1]
-  exact = _EXACT if wg_ref.dtype == jnp.float32 else None
-
-  def body(i, carry):
-    g, u, ss = carry
-    ks = pl.ds(pl.multiple_of(i * block_d, block_d), block_d)
-    x = x_ref[:, ks]
-    if eps is not None:  # RMSNorm(x) @ W = r * ((x * scale) @ W): sums of squares alongside, r after the loop.
-      xf = x.astype(jnp.float32)
-      ss += jnp.sum(xf * xf, axis=1)
-      x = (xf * norm_ref[ks].astype(jnp.float32)[None, :]).astype(wg_ref.dtype)
-    g += jax.lax.dot(x, wg_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
-    u += jax.lax.dot(x, wu_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
-    return g, u, ss
-
-  zeros = jnp.zeros((m, bn), jnp.float32)
-  g, u, ss = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros, jnp.zeros((m,), jnp.float32)))
-  if eps is not None:
-    r = jax.lax.rsqrt(ss / d + eps)[:, None]
-    g, u = g * r, u * r
+  g, u = decode_tiles.normed_dot_pair(x_ref, norm_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :],
+                                      wg_ref.shape[1], block_d, eps)
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
@@ -135,15 +112,7 @@ def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUN
 
 
 def _down_kernel(h_ref, w_ref, o_ref, *, block_k: int):
-  m, ks = h_ref.shape
-  bn = w_ref.shape[1]
-  exact = _EXACT if w_ref.dtype == jnp.float32 else None
-
-  def body(i, acc):
-    sl = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
-    return acc + jax.lax.dot(h_ref[:, sl], w_ref[sl, :], precision=exact, preferred_element_type=jnp.float32)
-
-  o_ref[...] = jax.lax.fori_loop(0, ks // block_k, body, jnp.zeros((m, bn), jnp.float32))
+  o_ref[...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy.decode_mlp import pick_block
+from kevin_jax.policy import decode_tiles
+from kevin_jax.policy.decode_tiles import pick_block
 
 Array = jax.Array
-_EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
 BLOCK_N = 16  # Output columns per program at most: D = 896 gives 56 programs (the GEMM reads 1.6 MB).
 BLOCK_K = 128  # N*H per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
@@ -40,15 +40,7 @@ def supported(inner: int, hidden: int) -> bool:
 
 
 def _kernel(o_ref, w_ref, h_ref, out_ref, *, block_k: int):
-  m, inner = o_ref.shape
-  bn = w_ref.shape[1]
-  exact = _EXACT if w_ref.dtype == jnp.float32 else None
-
-  def body(t, acc):
-    ks = pl.ds(pl.multiple_of(t * block_k, block_k), block_k)
-    return acc + jax.lax.dot(o_ref[:, ks], w_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
-
-  acc = jax.lax.fori_loop(0, inner // block_k, body, jnp.zeros((m, bn), jnp.float32))
+  acc = decode_tiles.dot_loop(o_ref, w_ref, block_k)
   out_ref[...] = (h_ref[...].astype(jnp.float32) + acc).astype(out_ref.dtype)
 
 

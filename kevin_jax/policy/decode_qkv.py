@@ -41,10 +41,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from kevin_jax.policy import decode_attention
-from kevin_jax.policy.decode_mlp import pick_block
+from kevin_jax.policy import decode_tiles
+from kevin_jax.policy.decode_tiles import pick_block
 
 Array = jax.Array
-_EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
 BLOCK_W = 16  # Columns of each half-head per program (Triton's smallest matmul tile): 2 programs per 64-wide head.
 BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
@@ -72,38 +72,20 @@ def _kernel(*refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int
   (slot_ref, x_ref, norm_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, _, q_ref, kc_ref,
    vc_ref) = refs
   i, j = pl.program_id(0), pl.program_id(1)
-  bm, d = x_ref.shape
+  bm = x_ref.shape[0]
   half = head_dim // 2
   per_head = half // block_w
   n_q = num_heads * per_head
   n_kv = num_kv_heads * per_head
   rows = pl.ds(pl.multiple_of(i * bm, bm), bm)
-  exact = _EXACT if wq_ref.dtype == jnp.float32 else None
 
   def project(w_ref, b_ref, head, p):
-    """fp32 (x @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`, x
-    RMS-normed first when eps is set: RMSNorm(x) @ W = r * ((x * scale) @ W) with r = rsqrt(mean(x^2) + eps) per
-    row, so the rows' sums of squares accumulate in the same pass over D as the products."""
+    """fp32 (n(x) @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`,
+    n the input RMSNorm when eps is set (decode_tiles.normed_dot_pair)."""
     c1 = pl.multiple_of(head * head_dim + p * block_w, block_w)
     c2 = pl.multiple_of(c1 + half, block_w)
-
-    def body(t, carry):
-      a1, a2, ss = carry
-      ks = pl.ds(pl.multiple_of(t * block_d, block_d), block_d)
-      x = x_ref[:, ks]
-      if eps is not None:
-        xf = x.astype(jnp.float32)
-        ss += jnp.sum(xf * xf, axis=1)
-        x = (xf * norm_ref[ks].astype(jnp.float32)[None, :]).astype(w_ref.dtype)
-      a1 += jax.lax.dot(x, w_ref[ks, pl.ds(c1, block_w)], precision=exact, preferred_element_type=jnp.float32)
-      a2 += jax.lax.dot(x, w_ref[ks, pl.ds(c2, block_w)], precision=exact, preferred_element_type=jnp.float32)
-      return a1, a2, ss
-
-    zeros = jnp.zeros((bm, block_w), jnp.float32)
-    a1, a2, ss = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros, jnp.zeros((bm,), jnp.float32)))
-    if eps is not None:
-      r = jax.lax.rsqrt(ss / d + eps)[:, None]
-      a1, a2 = a1 * r, a2 * r
+    a1, a2 = decode_tiles.normed_dot_pair(x_ref, norm_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
+                                          lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d, eps)
     a1 += b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
     a2 += b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
     return a1, a2

@@ -1,0 +1,66 @@
+"""Pieces shared by the decode step's Pallas GEMM kernels (decode_mlp, decode_qkv, decode_oproj): block sizes and
+the loops over the reduction dimension, with fp32 accumulators.
+
+Inside a kernel, a "loader" is a function of a reduction slice `ks` (a pl.ds) that loads the weight block
+[ks, columns] of one output block.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
+
+
+def pick_block(size: int, block: int) -> int:
+  """The largest power of two <= block dividing `size`, or 0 if that is under 16 (matmul tiles)."""
+  b = min(block, size & -size)
+  return b if b >= 16 else 0
+
+
+def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
+  """a @ w over the whole reduction dimension of the refs a [M, K] and w [K, N], block_k at a time: fp32 [M, N]."""
+  m, k = a_ref.shape
+  exact = EXACT if w_ref.dtype == jnp.float32 else None
+
+  def body(t, acc):
+    ks = pl.ds(pl.multiple_of(t * block_k, block_k), block_k)
+    return acc + jax.lax.dot(a_ref[:, ks], w_ref[ks, :], precision=exact, preferred_element_type=jnp.float32)
+
+  return jax.lax.fori_loop(0, k // block_k, body, jnp.zeros((m, w_ref.shape[1]), jnp.float32))
+
+
+def normed_dot_pair(x_ref, norm_ref, load_w1, load_w2, cols: int, block_d: int, eps: float | None
+                    ) -> tuple[jax.Array, jax.Array]:
+  """(n(x) @ W1, n(x) @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices; n is the
+  RMSNorm with scale norm_ref [D] and epsilon eps, or the identity when eps is None.
+
+  RMSNorm(x) @ W = r * ((x * scale) @ W) with r = rsqrt(mean(x^2) + eps) per row: x * scale is rounded to the
+  weights' dtype before the dot (as the XLA path rounds the normed x), the rows' sums of squares accumulate in
+  the same loop, and r scales the accumulators after it.
+  """
+  m, d = x_ref.shape
+
+  def body(t, carry):
+    a1, a2, *ss = carry  # ss: [the rows' sums of squares] with the norm, else nothing (no extra loop carry)
+    ks = pl.ds(pl.multiple_of(t * block_d, block_d), block_d)
+    x = x_ref[:, ks]
+    w1 = load_w1(ks)
+    exact = EXACT if w1.dtype == jnp.float32 else None
+    if eps is not None:
+      xf = x.astype(jnp.float32)
+      ss = [ss[0] + jnp.sum(xf * xf, axis=1)]
+      x = (xf * norm_ref[ks].astype(jnp.float32)[None, :]).astype(w1.dtype)
+    a1 += jax.lax.dot(x, w1, precision=exact, preferred_element_type=jnp.float32)
+    a2 += jax.lax.dot(x, load_w2(ks), precision=exact, preferred_element_type=jnp.float32)
+    return (a1, a2, *ss)
+
+  zeros = jnp.zeros((m, cols), jnp.float32)
+  init = (zeros, zeros) + ((jnp.zeros((m,), jnp.float32),) if eps is not None else ())
+  a1, a2, *ss = jax.lax.fori_loop(0, d // block_d, body, init)
+  if eps is not None:
+    r = jax.lax.rsqrt(ss[0] / d + eps)[:, None]
+    a1, a2 = a1 * r, a2 * r
+  return a1, a2
