@@ -75,6 +75,13 @@ def run_rounds(rows: list, base: dict, versions: dict, rounds: int, max_rel_diff
       print(json.dumps(row), flush=True)
 
 
+def add_round_args(ap: argparse.ArgumentParser) -> None:
+  """--rounds and --interpret, for run_rounds."""
+  ap.add_argument("--rounds", type=int, default=2, help="times the whole XLA + configs sequence runs")
+  ap.add_argument("--interpret", action="store_true", help="Pallas in interpret mode (checks the harness on a CPU; "
+                  "its timings mean nothing)")
+
+
 def print_table(rows: list, keys: tuple) -> None:
   """One markdown line per (keys..., version): the rounds' us / layer, the best weights TB/s, round 0's diff."""
   names = {"batch": "B"}
@@ -126,9 +133,7 @@ def main(argv=None) -> None:
   ap.add_argument("--down-configs", default="64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,32x64x0x4x3,"
                   "64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = auto) x num_warps x "
                   "num_stages")
-  ap.add_argument("--rounds", type=int, default=2, help="times the whole XLA + configs sequence runs")
-  ap.add_argument("--interpret", action="store_true", help="Pallas in interpret mode (checks the harness on a CPU; "
-                  "its timings mean nothing)")
+  add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
   rows = []

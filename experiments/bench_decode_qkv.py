@@ -27,7 +27,7 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from experiments.bench_decode_mlp import print_table, run_rounds  # pylint: disable=wrong-import-position
+from experiments.bench_decode_mlp import add_round_args, print_table, run_rounds  # pylint: disable=wrong-import-position
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_attention import padded_rows  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
@@ -95,9 +95,7 @@ def main(argv=None) -> None:
   ap.add_argument("--reps", type=int, default=50)
   ap.add_argument("--configs", default="64x16x4x3,32x16x4x3,16x16x4x3,64x32x4x3,64x16x2x3,64x16x4x2",
                   help="Pallas versions: block_m x block_w x num_warps x num_stages, comma-separated")
-  ap.add_argument("--rounds", type=int, default=2, help="times the whole XLA + configs sequence runs")
-  ap.add_argument("--interpret", action="store_true", help="Pallas in interpret mode (checks the harness on a CPU; "
-                  "its timings mean nothing)")
+  add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
   rows = []
