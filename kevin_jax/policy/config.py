@@ -63,8 +63,8 @@ class ModelConfig:
       256 rows and no faster on the 1.5B shape; BENCHMARKS.md "Sampler") | 'xla' (one einsum) | 'pallas' |
       'interpret' (CPU tests).
     decode_qkv: the front of attention in a one-token decode step (the input RMSNorm, q/k/v projection, biases,
-      RoPE, the k/v cache write): 'xla' (the default: einsums, XLA's fusions and dynamic_update_slice) | 'auto' (the one Pallas
-      kernel of policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most
+      RoPE, the k/v cache write): 'xla' (the default: einsums, XLA's fusions and dynamic_update_slice) | 'auto'
+      (the one Pallas kernel of policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most
       decode_qkv.MAX_ROWS, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: not yet measured on a GPU.
     decode_out: the attention's output projection with the residual add in a one-token decode step: 'xla' (the
       default: einsum and XLA's fusions) | 'auto' (the Pallas kernel of policy/decode_oproj.py on a GPU when its
