@@ -27,7 +27,8 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from experiments.bench_decode_mlp import add_round_args, print_table, run_rounds  # pylint: disable=wrong-import-position
+from experiments.bench_decode_mlp import (  # pylint: disable=wrong-import-position
+    add_round_args, print_table, run_rounds)
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_attention import padded_rows  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
