@@ -46,18 +46,20 @@ def make_hf_qwen2(path: str | os.PathLike, *, vocab_size: int = 256, hidden_size
   return model
 
 
-def assert_sampler_same_with_kernel(field: str, max_new_tokens: int = 70, batch_size: int = 2,
+def assert_sampler_same_with_kernel(fields: str | tuple[str, ...], max_new_tokens: int = 70, batch_size: int = 2,
                                     **preset_kw) -> None:
   """Greedy decoding of a random tiny fp32 model with ModelConfig.<field> = 'xla' and = 'interpret' (a Pallas
-  decode kernel in interpret mode): the same tokens, and log-probs within 1e-4. `batch_size` prompts of
-  different lengths decode together."""
+  decode kernel in interpret mode) for each of `fields`: the same tokens, and log-probs within 1e-4.
+  `batch_size` prompts of different lengths decode together."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy import Qwen2, get_preset  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
+  fields = (fields,) if isinstance(fields, str) else fields
   outs = {}
   for impl in ("xla", "interpret"):
-    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", **preset_kw, **{field: impl})
+    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", **preset_kw,
+                     **{field: impl for field in fields})
     model = Qwen2(cfg, rngs=nnx.Rngs(3))
     sampler = Sampler(cfg, None, SamplerConfig(batch_size=batch_size, prompt_buckets=(64,),
                                                kv_cache_dtype="float32"))

@@ -75,21 +75,8 @@ def test_sampler_same_tokens_with_the_norm_in_the_mlp_front():
 
 def test_sampler_same_tokens_with_every_decode_kernel():
   """All the decode kernels at once (interpret), 16 rows, against all of them 'xla'."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy import Qwen2  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
-  fields = ("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out")
-  prompts = [list(range(5 + i, 5 + 3 * i)) for i in range(1, 17)]
-  outs = {}
-  for impl in ("xla", "interpret"):
-    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", head_dim=32,
-                     **{f: impl for f in fields})
-    sampler = Sampler(cfg, None, SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype="float32"))
-    outs[impl] = sampler.generate(Qwen2(cfg, rngs=nnx.Rngs(3)), prompts, seed=0, max_new_tokens=20,
-                                  temperature=0.0, eos_ids=[])
-  assert outs["xla"].tokens == outs["interpret"].tokens
-  for a, b in zip(outs["xla"].logprobs, outs["interpret"].logprobs):
-    np.testing.assert_allclose(a, b, atol=1e-4)
+  assert_sampler_same_with_kernel(("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out"),
+                                  max_new_tokens=20, batch_size=16, head_dim=32)
 
 
 def test_bad_config_value():

@@ -29,10 +29,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+# EXACT dots: IEEE fp32 for fp32 caches (Triton's default for fp32 inputs is TF32); bf16 caches: plain tensor cores.
+from kevin_jax.policy.decode_tiles import EXACT
+
 Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
-# fp32 caches: IEEE fp32 dots (Triton's default for fp32 inputs is TF32); bf16 caches: plain bf16 tensor cores.
-_EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
 
@@ -84,7 +85,7 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
     v = v_ref[pl.ds(start - lo, block_k), :]
     slot = start + offs
     visible = (slot < plen) | ((slot >= gen_start) & (slot < gend))
-    sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_EXACT,
+    sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=EXACT,
                              preferred_element_type=jnp.float32) * scale
     sc = jnp.where(visible[None, :], sc, _NEG)
     m_next = jnp.maximum(m_prev, sc.max(axis=1))
@@ -92,7 +93,7 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
     p = jnp.exp(sc - m_next[:, None])
     l_next = l_prev * corr + p.sum(axis=1)
     acc = acc * corr[:, None] + jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                                                    precision=_EXACT, preferred_element_type=jnp.float32)
+                                                    precision=EXACT, preferred_element_type=jnp.float32)
     return acc, m_next, l_next
 
   carry = (jnp.zeros((gp, h), jnp.float32), jnp.full((gp,), _NEG, jnp.float32), jnp.zeros((gp,), jnp.float32))

@@ -72,8 +72,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, norm_scale_D:
     raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
   if norm_scale_D is not None and norm_scale_D.shape != (d,):
     raise ValueError(f"norm_scale_D must be [D={d}], got {norm_scale_D.shape}")
-  mp = max(16, 1 << (b - 1).bit_length())  # Rows padded to a power of two >= 16.
-  bm = min(mp, block_m)
+  mp, bm = decode_tiles.row_tiles(b, block_m)
   x = jnp.pad(x_BxD.astype(w_gate_DxF.dtype), ((0, mp - b), (0, 0)))
   out = pl.pallas_call(
       functools.partial(_kernel, block_d=block_d, eps=None if norm_scale_D is None else float(eps)),
@@ -134,8 +133,7 @@ def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int 
   if f % (splits * block_k):
     raise ValueError(f"splits={splits} must divide F={f} into multiples of block_k={block_k}")
   ks = f // splits
-  mp = max(16, 1 << (b - 1).bit_length())
-  bm = min(mp, block_m)
+  mp, bm = decode_tiles.row_tiles(b, block_m)
   h = jnp.pad(h_BxF.astype(w_down_FxD.dtype), ((0, mp - b), (0, 0)))
   partials = pl.pallas_call(
       functools.partial(_down_kernel, block_k=block_k),

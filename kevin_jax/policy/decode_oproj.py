@@ -61,8 +61,7 @@ def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, block_n
   block_k, block_n = pick_block(inner, block_k), pick_block(d, block_n)
   if not (block_k and block_n):
     raise ValueError(f"out_proj_residual needs N*H ({inner}) and D ({d}) multiples of 16")
-  mp = max(16, 1 << (b - 1).bit_length())  # Rows padded to a power of two >= 16.
-  bm = min(mp, block_m)
+  mp, bm = decode_tiles.row_tiles(b, block_m)
   pad = ((0, mp - b), (0, 0))
   o = jnp.pad(o_BxNxH.reshape(b, inner).astype(w_o_NxHxD.dtype), pad)
   out = pl.pallas_call(

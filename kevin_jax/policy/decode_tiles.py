@@ -20,6 +20,13 @@ def pick_block(size: int, block: int) -> int:
   return b if b >= 16 else 0
 
 
+def row_tiles(rows: int, block_m: int) -> tuple[int, int]:
+  """(rows padded to a power of two >= 16, the row block): a kernel's grid covers the padded rows in blocks of
+  min(padded, block_m)."""
+  padded = max(16, 1 << (rows - 1).bit_length())
+  return padded, min(padded, block_m)
+
+
 def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
   """a @ w over the whole reduction dimension of the refs a [M, K] and w [K, N], block_k at a time: fp32 [M, N]."""
   m, k = a_ref.shape

@@ -169,6 +169,13 @@ def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed
   return o_BxKxGxH.astype(q_BxKxGxH.dtype)
 
 
+def _resolve(impl: str, fits: bool) -> str:
+  """A decode kernel's ModelConfig choice with 'auto' resolved: the kernel on a GPU where it fits, else 'xla'."""
+  if impl == "auto":
+    return "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+  return impl
+
+
 def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
                            visible: Array | SlotRanges, groups: int = 0) -> Array:
   """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges.
@@ -179,9 +186,7 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
   s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
   if isinstance(visible, SlotRanges):
-    if impl == "auto":
-      fits = decode_attention.supported(s, visible.gen_start, h)
-      impl = "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+    impl = _resolve(impl, decode_attention.supported(s, visible.gen_start, h))
     if impl in ("pallas", "interpret"):
       return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, groups=groups,
                                                interpret=impl == "interpret")
@@ -222,13 +227,6 @@ def _bf16_grad_matmul_bwd(spec, out_dtype, res, g):
 _bf16_grad_matmul.defvjp(_bf16_grad_matmul_fwd, _bf16_grad_matmul_bwd)
 
 
-def _resolve(impl: str, fits: bool) -> str:
-  """A decode kernel's ModelConfig choice with 'auto' resolved: the kernel on a GPU where it fits, else 'xla'."""
-  if impl == "auto":
-    return "pallas" if fits and jax.default_backend() == "gpu" else "xla"
-  return impl
-
-
 def _decode_out_impl(cfg: ModelConfig, rows: int) -> str:
   """cfg.decode_out for a one-token decode step of `rows` rows, 'auto' resolved."""
   return _resolve(cfg.decode_out, decode_oproj.supported(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
@@ -253,7 +251,7 @@ class Attention(nnx.Module):
     return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
                     and rows <= decode_qkv.MAX_ROWS)
 
-  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, norm: RMSNorm
+  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, norm: RMSNorm, interpret: bool
                     ) -> tuple[Array, tuple[Array, Array]]:
     """A decode step through decode_qkv's one kernel (norm, projection, RoPE, cache write), then decode attention."""
     cfg = self.cfg
@@ -266,7 +264,7 @@ class Attention(nnx.Module):
                                      self.v_bias)]
     q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
         x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, norm.scale[...], eps=norm.eps,
-        interpret=self._decode_qkv_impl(x_BxD.shape[0]) == "interpret")
+        interpret=interpret)
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
                                        groups=cfg.num_groups)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
@@ -278,9 +276,10 @@ class Attention(nnx.Module):
     kernels may apply the norm (cfg.decode_qkv) and the residual add (cfg.decode_out) themselves."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    if cache_kv is not None and t == 1 and self._decode_qkv_impl(b) != "xla":
+    qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
+    if qkv != "xla":
       o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT, cache_kv,
-                                             norm)
+                                             norm, interpret=qkv == "interpret")
       o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     else:
       o_BxTxNxH, new_kv = self._attend_xla(norm(x_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
