@@ -251,9 +251,10 @@ class Attention(nnx.Module):
     return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
                     and rows <= decode_qkv.MAX_ROWS)
 
-  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, norm: RMSNorm, interpret: bool
+  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool
                     ) -> tuple[Array, tuple[Array, Array]]:
-    """A decode step through decode_qkv's one kernel (norm, projection, RoPE, cache write), then decode attention."""
+    """A decode step of the normed x through decode_qkv's one kernel (projection, RoPE, cache write), then decode
+    attention."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
@@ -263,8 +264,7 @@ class Attention(nnx.Module):
     w = [p[...].astype(dt) for p in (self.q_kernel, self.k_kernel, self.v_kernel, self.q_bias, self.k_bias,
                                      self.v_bias)]
     q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
-        x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, norm.scale[...], eps=norm.eps,
-        interpret=interpret)
+        x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, interpret=interpret)
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
                                        groups=cfg.num_groups)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
@@ -273,13 +273,15 @@ class Attention(nnx.Module):
                cache_kv: tuple[Array, Array, Array, Array | None] | None, norm: RMSNorm
                ) -> tuple[Array, tuple[Array, Array] | None]:
     """x + attention(norm(x)), and the updated (k, v) cache or None. x is the residual stream: a decode step's
-    kernels may apply the norm (cfg.decode_qkv) and the residual add (cfg.decode_out) themselves."""
+    output-projection kernel may apply the residual add itself (cfg.decode_out)."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
     if qkv != "xla":
-      o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT, cache_kv,
-                                             norm, interpret=qkv == "interpret")
+      # The norm stays XLA's fusion: inside the kernel (x * scale before the dots) it made the kernel slower than
+      # the separate fusion (BENCHMARKS.md "Sampler", twenty-third session).
+      o_BxKxGxH, new_kv = self._fused_decode(norm(x_BxTxD)[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT,
+                                             cache_kv, interpret=qkv == "interpret")
       o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     else:
       o_BxTxNxH, new_kv = self._attend_xla(norm(x_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
@@ -357,8 +359,7 @@ class MLP(nnx.Module):
             _resolve(cfg.decode_down, fits and cfg.hidden_size <= decode_mlp.AUTO_DOWN_MAX_D))
 
   def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
-    """The MLP of norm(x). In a decode step the fused front may apply the norm itself: with cfg.decode_out, whose
-    kernel stores the residual stream that the norm reads."""
+    """The MLP of norm(x), x the residual stream."""
     dt = self.cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
     wg, wu, wd = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel, self.down_kernel))
@@ -367,9 +368,6 @@ class MLP(nnx.Module):
     if front == "xla":
       x = norm(x_BxTxD).astype(dt)
       h_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
-    elif _decode_out_impl(self.cfg, b) != "xla":  # the residual stream is stored: the kernel norms it itself
-      h_BxTxF = decode_mlp.swiglu_front(x_BxTxD[:, 0].astype(dt), wg, wu, norm.scale[...], eps=norm.eps,
-                                        interpret=front == "interpret")[:, None]
     else:
       h_BxTxF = decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu,
                                         interpret=front == "interpret")[:, None]
