@@ -257,10 +257,10 @@ def main(argv=None):
   p.add_argument("--attention", default="xla", choices=("xla", "cudnn"), help="prefill attention implementation")
   p.add_argument("--decode-attention", default="auto", choices=("auto", "xla", "pallas"),
                  help="decode attention (auto: the Pallas kernel on a GPU)")
-  p.add_argument("--decode-qkv", default="xla", choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_qkv (pallas: norm, q/k/v projection, RoPE and cache write in one kernel)")
+  p.add_argument("--decode-qkv", default="auto", choices=("auto", "xla", "pallas"),
+                 help="ModelConfig.decode_qkv (pallas: q/k/v projection, RoPE and cache write in one kernel)")
   p.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_out (pallas: o projection + residual in one kernel, the norm in the MLP's)")
+                 help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
   p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
                  help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   p.add_argument("--seed", type=int, default=0)

@@ -81,7 +81,7 @@ def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
 
 def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np,
                     reduce_chunks: int = 32, decode_mlp: str = "auto", decode_down: str = "auto",
-                    decode_fusion: bool = False, decode_qkv: str = "xla", decode_out: str = "xla") -> dict:
+                    decode_fusion: bool = False, decode_qkv: str = "auto", decode_out: str = "xla") -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
                    decode_attention=impl, decode_mlp=decode_mlp, decode_down=decode_down, decode_qkv=decode_qkv,
@@ -133,10 +133,10 @@ def main():
                   help="ModelConfig.decode_mlp of the traced generate calls (one per process: JAX reuses a trace)")
   ap.add_argument("--decode-down", default="auto", choices=("auto", "xla", "pallas"),
                   help="ModelConfig.decode_down (the decode step's down projection; pallas: the split kernel)")
-  ap.add_argument("--decode-qkv", default="xla", choices=("auto", "xla", "pallas", "interpret"),
+  ap.add_argument("--decode-qkv", default="auto", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_qkv (pallas: q/k/v projection, RoPE and cache write in one kernel)")
   ap.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas", "interpret"),
-                  help="ModelConfig.decode_out (pallas: o projection + residual in one kernel, the norm in the MLP's)")
+                  help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   ap.add_argument("--no-attention", action="store_true", help="skip the decode-attention microbenchmark")

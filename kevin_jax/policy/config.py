@@ -62,15 +62,16 @@ class ModelConfig:
       most decode_mlp.AUTO_DOWN_MAX_D, else 'xla': +5 % decode tokens/s on the 0.5B shape at batch 64, slower at
       256 rows and no faster on the 1.5B shape; BENCHMARKS.md "Sampler") | 'xla' (one einsum) | 'pallas' |
       'interpret' (CPU tests).
-    decode_qkv: the front of attention in a one-token decode step (the input RMSNorm, q/k/v projection, biases,
-      RoPE, the k/v cache write): 'xla' (the default: einsums, XLA's fusions and dynamic_update_slice) | 'auto'
-      (the one Pallas kernel of policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most
-      decode_qkv.MAX_ROWS, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: not yet measured on a GPU.
+    decode_qkv: the front of attention in a one-token decode step (q/k/v projection, biases, RoPE, the k/v cache
+      write, after XLA's input RMSNorm): 'auto' (the default: the one Pallas kernel of policy/decode_qkv.py on a
+      GPU when its shape rules hold and the batch is at most decode_qkv.MAX_ROWS, else 'xla'; +3.6 % decode
+      tokens/s on the 0.5B shape at batch 64, BENCHMARKS.md "Sampler", twenty-third session) | 'xla' (einsums,
+      XLA's fusions and dynamic_update_slice) | 'pallas' | 'interpret' (CPU tests).
     decode_out: the attention's output projection with the residual add in a one-token decode step: 'xla' (the
       default: einsum and XLA's fusions) | 'auto' (the Pallas kernel of policy/decode_oproj.py on a GPU when its
-      shape rules hold and the batch is at most decode_oproj.MAX_ROWS, else 'xla') | 'pallas' | 'interpret'. Where
-      it runs and the MLP's front is the Pallas kernel (decode_mlp), that kernel applies the post-attention
-      RMSNorm itself. Opt-in: not yet measured on a GPU.
+      shape rules hold and the batch is at most decode_oproj.MAX_ROWS, else 'xla') | 'pallas' | 'interpret'.
+      Opt-in: with decode_qkv on, it made the decode step 1.2 % slower on the 0.5B shape at batch 64 (BENCHMARKS.md
+      "Sampler", twenty-third session).
   """
 
   vocab_size: int
@@ -92,7 +93,7 @@ class ModelConfig:
   decode_attention: str = "auto"
   decode_mlp: str = "auto"
   decode_down: str = "auto"
-  decode_qkv: str = "xla"
+  decode_qkv: str = "auto"
   decode_out: str = "xla"
 
   def __post_init__(self):

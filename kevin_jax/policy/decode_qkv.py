@@ -27,8 +27,13 @@ rounding. tests/test_policy_decode_qkv.py compares with a float64 reference in i
 exact dots), checks that the kernel lowers to Triton, and (marker gpu) compares on the GPU.
 
 Requirements (`supported`): head_dim / 2 a multiple of block_w, D a multiple of 16, and the batch a multiple of
-16 (row blocks are powers of two >= 16 that divide it: no masked rows). Not yet measured on a GPU: see
-ModelConfig.decode_qkv.
+16 (row blocks are powers of two >= 16 that divide it: no masked rows).
+
+Measured on an H200 (0.5B shape, B = 64; BENCHMARKS.md "Sampler", twenty-third session): alone, XLA's norm + this
+kernel took 10.5-10.8 us per layer against 12.2-13.8 us for XLA's whole path, and the decode step ran 48.7k
+against 47.0k tokens/s, so ModelConfig.decode_qkv='auto' uses it. With the norm inside (norm_scale_D) the kernel
+took 19-21 us: multiplying the x slice by the scale before the dots is what costs (experiments/
+bench_decode_norm.py), so the model applies XLA's norm first and passes no scale.
 """
 
 from __future__ import annotations

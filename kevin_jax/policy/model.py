@@ -38,9 +38,8 @@ bucket of P tokens into slots [0, P) and writes generated token i to slot P + i 
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
 policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
-RoPE and cache write may run as one, with the layer's input RMSNorm inside it (cfg.decode_qkv,
-policy/decode_qkv.py), and its o projection with the residual add as another (cfg.decode_out,
-policy/decode_oproj.py; the MLP's fused front then applies the post-attention RMSNorm). So Attention and MLP take
+RoPE and cache write may run as one after XLA's input RMSNorm (cfg.decode_qkv, policy/decode_qkv.py), and its o
+projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py). So Attention and MLP take
 the residual stream and their norm. Multi-token calls, and so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
