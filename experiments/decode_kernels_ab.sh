@@ -1,37 +1,28 @@
 #!/usr/bin/env bash
-# The GPU measurements that decide the opt-in decode kernels (ModelConfig.decode_qkv, decode_out;
-# SamplerConfig.decode_fusion), in three GPU calls of under 10 minutes each (carry .whl):
+# The GPU checks of the decode kernels with the current defaults (ModelConfig.decode_qkv='auto' since the
+# twenty-third session), in GPU calls of under 10 minutes each (carry .whl):
 #
-#   bash experiments/decode_kernels_ab.sh 1   # GPU tests of the kernels; the q/k/v front and the down projection alone
-#   bash experiments/decode_kernels_ab.sh 2   # decode step end to end: profile_decode, separate processes, alternated
-#   bash experiments/decode_kernels_ab.sh 3   # the issue's benchmark (bench_sampler, 1,024 new tokens, transformers)
+#   bash experiments/decode_kernels_ab.sh 1   # every policy GPU test (the kernels' own and the sampler's)
+#   bash experiments/decode_kernels_ab.sh 2   # the issue's benchmark table (bench_sampler: 0.5B and 1.5B, B 64/256)
+#   bash experiments/decode_kernels_ab.sh 3   # profile_decode at B = 64: the default against decode_qkv='xla',
+#                                             # alternated, each in its own process (JAX reuses a trace)
 #
-# Part 2 compares, on the 0.5B shape at batch 64 (the goal's case): the current default; decode_qkv alone;
-# decode_qkv + decode_out; and the same with decode_fusion, each in its own process (JAX reuses a trace), the
-# default and the full set twice, alternated. Results: $OUT/<stage>/results.json and the stage logs (gpu_session.sh);
-# `python3 experiments/decode_ab_table.py <the stage dirs>` puts them side by side.
+# Results: $OUT/<stage>/ and the stage logs (gpu_session.sh); `python3 experiments/decode_ab_table.py <stage dirs>`
+# puts part 3's runs side by side.
 set -u
 cd "$(dirname "$0")/.."
 prof="python3 experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"
-new="--decode-qkv pallas --decode-out pallas"
-gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py"
-# The down projection's split against narrower column blocks (fewer fp32 partials for XLA to sum) and no split.
-down_sweep="python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts down --down-configs \
-64x64x0x4x3,32x64x0x4x3,16x64x0x4x3,16x128x0x4x3,16x128x1x4x3,16x64x1x8x3"
-bench="python3 experiments/bench_sampler.py --models 0.5b --batches 64,256 --decode-qkv auto --decode-out auto"
+gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py \
+tests/test_policy_gpu.py"
 case "${1:-}" in
   1) exec bash experiments/gpu_session.sh \
-       "gpu_tests=280=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests tests/test_policy_gpu.py" \
-       "qkv_alone=170=python3 experiments/bench_decode_qkv.py --shapes 0.5b --rounds 1 --out \$OUT/qkv_alone" \
-       "down_alone=110=$down_sweep --out \$OUT/down_alone" ;;
+       "gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests" ;;
   2) exec bash experiments/gpu_session.sh \
-       "base1=85=$prof --out \$OUT/base1" \
-       "new1=85=$prof $new --out \$OUT/new1" \
-       "qkv_only=85=$prof --decode-qkv pallas --out \$OUT/qkv_only" \
-       "base2=85=$prof --out \$OUT/base2" \
-       "new2=85=$prof $new --out \$OUT/new2" \
-       "new_fusion=85=$prof $new --decode-fusion 1 --out \$OUT/new_fusion" ;;
+       "bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler" ;;
   3) exec bash experiments/gpu_session.sh \
-       "bench_sampler=560=$bench --budget-s 540 --out \$OUT/bench_sampler" ;;
+       "base1=70=$prof --decode-qkv xla --out \$OUT/base1" \
+       "new1=70=$prof --out \$OUT/new1" \
+       "base2=70=$prof --decode-qkv xla --out \$OUT/base2" \
+       "new2=70=$prof --out \$OUT/new2" ;;
   *) echo "usage: $0 1|2|3 (see the header)" >&2; exit 2 ;;
 esac
