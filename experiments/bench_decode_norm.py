@@ -8,7 +8,8 @@ The twenty-third session's decode profile (BENCHMARKS.md) timed the front with t
 at 19.1 us per layer against 8.9 us without it. The versions here separate the pieces of that loop:
   xla             XLA's norm, then XLA's gate/up einsums and SwiGLU (the model's path before any kernel);
   xla_norm+front  XLA's norm (one fusion, bf16 out), then the kernel without a norm (the current default);
-  fused           the kernel with the norm inside (ModelConfig.decode_out's MLP front);
+  fused           the norm inside: x * scale before the dots, the sums of squares in the same loop (as the
+                  committed kernel had it until the twenty-third session);
   prepass         the sums of squares in a loop of their own first, then x * scale in the dot loop;
   r_in            1/rms per row computed by XLA (a [B] reduction), x * scale in the dot loop;
   scaled_w+r_in   the norm scale folded into the weights (prepared once, outside the timing), 1/rms from XLA: the
@@ -119,7 +120,7 @@ def versions(interpret: bool) -> dict:
   return {
       "xla": (lambda x, g, u, s: xla_front(xla_norm(x, s), g, u), False),
       "xla_norm+front": (lambda x, g, u, s: swiglu_front(xla_norm(x, s), g, u, interpret=interpret), False),
-      "fused": (lambda x, g, u, s: swiglu_front(x, g, u, s, eps=EPS, interpret=interpret), False),
+      "fused": (lambda x, g, u, s: nf(x, g, u, s, ss="loop", scale_x=True), False),
       "prepass": (lambda x, g, u, s: nf(x, g, u, s, ss="prepass", scale_x=True), False),
       "r_in": (lambda x, g, u, s: nf(x, g, u, s, ss="input", scale_x=True), False),
       "scaled_w+r_in": (lambda x, g, u, s: nf(x, g, u, s, ss="input", scale_x=False), True),

@@ -1,6 +1,6 @@
 """The decode step's attention front alone, XLA against the fused Pallas kernel (policy/decode_qkv.py): the layer's
-input RMSNorm, the q/k/v projection with biases, RoPE of q and k, the k/v cache write at one slot, and q padded to
-decode_attention's 16 rows per KV head.
+input RMSNorm (XLA's fusion in every version), the q/k/v projection with biases, RoPE of q and k, the k/v cache
+write at one slot, and q padded to decode_attention's 16 rows per KV head.
 
   JAX_PLATFORMS=cuda,cpu python3 experiments/bench_decode_qkv.py --out $OUT/decode_qkv
 
@@ -65,12 +65,10 @@ def _versions(configs: str, interpret: bool) -> dict:
   versions = {"xla": xla_front}
   for c in configs.split(","):
     bm, bw, nw, ns = (int(v) for v in c.split("x"))
-    versions[f"pallas {c}"] = (lambda *args, bm=bm, bw=bw, nw=nw, ns=ns: qkv_rope_cache(
-        *args, block_m=bm, block_w=bw, num_warps=nw, num_stages=ns, interpret=interpret))
-  # The first config again with XLA's norm (one fusion) before the kernel, which then has none of its own.
-  bm, bw, nw, ns = (int(v) for v in configs.split(",")[0].split("x"))
-  versions[f"xla norm + pallas {configs.split(',')[0]}"] = (lambda x, *args: qkv_rope_cache(
-      xla_norm(x, args[-1]), *args[:-1], block_m=bm, block_w=bw, num_warps=nw, num_stages=ns, interpret=interpret))
+    # XLA's norm (one fusion), then the kernel, as the model calls it.
+    versions[f"pallas {c}"] = (lambda x, *args, bm=bm, bw=bw, nw=nw, ns=ns: qkv_rope_cache(
+        xla_norm(x, args[-1]), *args[:-1], block_m=bm, block_w=bw, num_warps=nw, num_stages=ns,
+        interpret=interpret))
   return versions
 
 

@@ -64,12 +64,13 @@ def test_lowers_to_triton():
 
 
 def test_sampler_same_tokens_with_the_kernel():
-  """decode_out alone (interpret): the MLP front stays XLA's, which applies the norm."""
+  """decode_out alone (interpret), the MLP's front XLA's."""
   assert_sampler_same_with_kernel("decode_out", max_new_tokens=30)
 
 
-def test_sampler_same_tokens_with_the_norm_in_the_mlp_front():
-  """decode_out with the fused MLP front (both interpret): the front applies the post-attention norm itself."""
+def test_sampler_same_tokens_with_the_mlp_front_kernel():
+  """decode_out with the MLP's Pallas front (both interpret): the residual stream the kernel stores is normed by
+  XLA before the front."""
   assert_sampler_same_with_kernel("decode_out", max_new_tokens=30, decode_mlp="interpret")
 
 

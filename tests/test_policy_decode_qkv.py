@@ -18,8 +18,7 @@ from tests.test_common import assert_sampler_same_with_kernel
 
 
 def _case(b, d, n, kh, h, s, dtype, seed=0):
-  """Inputs of one decode step: x, the six weights/biases, cos/sin of random positions, caches of noise, a slot,
-  and an RMSNorm scale."""
+  """Inputs of one decode step: x, the six weights/biases, cos/sin of random positions, caches of noise, a slot."""
   rng = np.random.default_rng(seed)
   arr = lambda *shape, scale=1.0: jnp.asarray(rng.standard_normal(shape) * scale, dtype)
   x = arr(b, d, scale=3.0)
@@ -28,16 +27,12 @@ def _case(b, d, n, kh, h, s, dtype, seed=0):
   positions = jnp.asarray(rng.integers(0, 5000, (b, 1)))
   cos, sin = rope_cos_sin(positions, h, 1e6)
   caches = (arr(b, kh, s, h), arr(b, kh, s, h))
-  norm = jnp.asarray(rng.uniform(0.5, 1.5, d), dtype)
-  return x, weights, cos[:, 0], sin[:, 0], caches, int(rng.integers(0, s)), norm
+  return x, weights, cos[:, 0], sin[:, 0], caches, int(rng.integers(0, s))
 
 
-def _reference(x, weights, cos, sin, caches, slot, norm=None, eps=1e-6):
-  """float64: q [B, N, H] rotated, and the caches with k (rotated) and v written at `slot`; x RMS-normed first
-  when `norm` (the scale) is given."""
+def _reference(x, weights, cos, sin, caches, slot):
+  """float64: q [B, N, H] rotated, and the caches with k (rotated) and v written at `slot`."""
   x, wq, wk, wv, bq, bk, bv, cos, sin = (np.asarray(a, np.float64) for a in (x, *weights, cos, sin))
-  if norm is not None:
-    x = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * np.asarray(norm, np.float64)
 
   def rotate(t):  # t [B, heads, H]: rotate-half with each row's cos/sin [B, H/2]
     t1, t2 = np.split(t, 2, axis=-1)
@@ -69,32 +64,24 @@ def _check(got, want, kh, groups, rtol, atol):
     (16, 256, 16, 2, 64, 64, 32),  # G = 8: padding rows 8..15; one program per 64-wide head
     (64, 128, 32, 2, 32, 64, 16),  # G = 16: no padding rows
 ])
-@pytest.mark.parametrize("with_norm", [False, True])
-def test_matches_reference_fp32(b, d, n, kh, h, block_m, block_w, with_norm):
-  x, weights, cos, sin, caches, slot, norm = _case(b, d, n, kh, h, 40, jnp.float32)
-  norm = norm if with_norm else None
-  got = qkv_rope_cache(x, *weights, cos, sin, *caches, slot, norm, eps=1e-5, block_m=block_m, block_w=block_w,
+def test_matches_reference_fp32(b, d, n, kh, h, block_m, block_w):
+  x, weights, cos, sin, caches, slot = _case(b, d, n, kh, h, 40, jnp.float32)
+  got = qkv_rope_cache(x, *weights, cos, sin, *caches, slot, block_m=block_m, block_w=block_w,
                        interpret=True)
   assert [a.dtype for a in got] == [jnp.float32] * 3
-  _check(got, _reference(x, weights, cos, sin, caches, slot, norm, eps=1e-5), kh, n // kh, rtol=1e-5, atol=1e-5)
+  _check(got, _reference(x, weights, cos, sin, caches, slot), kh, n // kh, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_error_is_bf16_rounding():
-  """bf16 without the norm: fp32 accumulation, bias and rotation, then one bf16 rounding (relative error
-  <= 2^-8); the untouched cache slots are the bf16 inputs themselves. With the norm, x * scale is also rounded to
-  bf16 before the dot (as the XLA path rounds the normed x): about one more bf16 rounding of each product."""
-  x, weights, cos, sin, caches, slot, norm = _case(16, 128, 14, 2, 64, 24, jnp.bfloat16, seed=1)
+  """bf16: fp32 accumulation, bias and rotation, then one bf16 rounding (relative error <= 2^-8); the untouched
+  cache slots are the bf16 inputs themselves."""
+  x, weights, cos, sin, caches, slot = _case(16, 128, 14, 2, 64, 24, jnp.bfloat16, seed=1)
   got = qkv_rope_cache(x, *weights, cos, sin, *caches, slot, interpret=True)
   assert [a.dtype for a in got] == [jnp.bfloat16] * 3
-  _check(got, _reference(x, weights, cos, sin, caches, slot), 2, 7, rtol=2 ** -8, atol=1e-6)
-  got = qkv_rope_cache(x, *weights, cos, sin, *caches, slot, norm, interpret=True)
-  want = _reference(x, weights, cos, sin, caches, slot, norm)
-  _check(got, want, 2, 7, rtol=2 ** -7, atol=2e-2)
-  # No worse than the model's own bf16 XLA path (normed x, projection, bias and rotation each rounded to bf16).
-  xf = x.astype(jnp.float32)
-  y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=1, keepdims=True) + 1e-6) * norm.astype(jnp.float32)[None]
-  y = y.astype(jnp.bfloat16)
-  q_xla = jnp.einsum("bd,dnh->bnh", y, weights[0]) + weights[3][None]
+  want = _reference(x, weights, cos, sin, caches, slot)
+  _check(got, want, 2, 7, rtol=2 ** -8, atol=1e-6)
+  # No worse than the model's own bf16 XLA path (projection, bias and rotation each rounded to bf16).
+  q_xla = jnp.einsum("bd,dnh->bnh", x, weights[0]) + weights[3][None]
   q_xla = apply_rope(q_xla[:, None], cos[:, None], sin[:, None], True)[:, 0]
   err_xla = np.max(np.abs(np.asarray(q_xla, np.float64) - want[0]))
   err = np.max(np.abs(np.asarray(got[0], np.float64)[:, :, :7].reshape(want[0].shape) - want[0]))
@@ -107,16 +94,14 @@ def test_shape_rules():
   assert not supported(40, 896, 64)  # 40 rows: no power-of-two block >= 16 divides it
   assert not supported(64, 896, 16)  # head_dim / 2 = 8 < one 16-column tile
   assert not supported(64, 40, 64)  # D not a multiple of 16
-  x, weights, cos, sin, caches, slot, _ = _case(8, 64, 4, 2, 32, 16, jnp.float32)
+  x, weights, cos, sin, caches, slot = _case(8, 64, 4, 2, 32, 16, jnp.float32)
   with pytest.raises(ValueError, match="multiple of 16"):
     qkv_rope_cache(x, *weights, cos, sin, *caches, slot, interpret=True)
-  x, weights, cos, sin, caches, slot, _ = _case(16, 64, 4, 2, 32, 16, jnp.float32)
+  x, weights, cos, sin, caches, slot = _case(16, 64, 4, 2, 32, 16, jnp.float32)
   with pytest.raises(ValueError, match="cache must be"):
     qkv_rope_cache(x, *weights, cos, sin, caches[0][:, :1], caches[1][:, :1], slot, interpret=True)
   with pytest.raises(ValueError, match="cos/sin"):
     qkv_rope_cache(x, *weights, cos[:, :8], sin[:, :8], *caches, slot, interpret=True)
-  with pytest.raises(ValueError, match="norm_scale_D"):
-    qkv_rope_cache(x, *weights, cos, sin, *caches, slot, jnp.ones(32), interpret=True)
 
 
 @pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen2.5-1.5b"])
@@ -128,11 +113,11 @@ def test_lowers_to_triton(preset):
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
   args = (spec(b, d), spec(d, n, h), spec(d, kh, h), spec(d, kh, h), spec(n, h), spec(kh, h), spec(kh, h),
           spec(b, h // 2, dtype=jnp.float32), spec(b, h // 2, dtype=jnp.float32), spec(b, kh, s, h),
-          spec(b, kh, s, h), spec(dtype=jnp.int32), spec(d))
+          spec(b, kh, s, h), spec(dtype=jnp.int32))
   text = jax.jit(qkv_rope_cache).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1
   aliases = re.findall(r"output_operand_alias<output_tuple_indices = \[(\d)\], operand_index = (\d+)", text)
-  assert aliases == [("1", "11"), ("2", "12")]  # outputs 1, 2 (k, v caches) are operands 11, 12
+  assert aliases == [("1", "10"), ("2", "11")]  # outputs 1, 2 (k, v caches) are operands 10, 11
 
 
 def test_sampler_same_tokens_with_the_kernel():
@@ -177,20 +162,16 @@ def test_auto_resolution(monkeypatch, backend, rows, head_dim, want):
                                                      ("bfloat16", 64, 16, 16), ("bfloat16", 32, 64, 32),
                                                      ("bfloat16", 48, 64, 16)])
 def test_triton_kernel_on_gpu(dtype, b, block_m, block_w):
-  """Compiled by Triton (not interpret mode) on the Qwen2.5-0.5B attention shape, 2,048 cache slots, with the
-  input norm (as the model calls it) and without."""
+  """Compiled by Triton (not interpret mode) on the Qwen2.5-0.5B attention shape, 2,048 cache slots."""
   try:
     dev = jax.devices("gpu")[0]
   except RuntimeError:
     pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
-  x, weights, cos, sin, caches, slot, norm = _case(b, 896, 14, 2, 64, 2048, jnp.dtype(dtype))
-  for scale in (None, norm):
-    with jax.default_device(dev):
-      got = qkv_rope_cache(x, *weights, cos, sin, *caches, slot, scale, block_m=block_m, block_w=block_w)
-    want = _reference(x, weights, cos, sin, caches, slot, scale)
-    if dtype == "float32":
-      _check(got, want, 2, 7, rtol=2e-5, atol=2e-5)
-    elif scale is None:
-      _check(got, want, 2, 7, rtol=2 ** -8, atol=1e-5)
-    else:
-      _check(got, want, 2, 7, rtol=2 ** -7, atol=2e-2)
+  x, weights, cos, sin, caches, slot = _case(b, 896, 14, 2, 64, 2048, jnp.dtype(dtype))
+  with jax.default_device(dev):
+    got = qkv_rope_cache(x, *weights, cos, sin, *caches, slot, block_m=block_m, block_w=block_w)
+  want = _reference(x, weights, cos, sin, caches, slot)
+  if dtype == "float32":
+    _check(got, want, 2, 7, rtol=2e-5, atol=2e-5)
+  else:
+    _check(got, want, 2, 7, rtol=2 ** -8, atol=1e-5)

@@ -6,9 +6,8 @@ of the 0.5B shape at B = 64). Here program (i, j) owns rows [i*block_m, (i+1)*bl
 [j*block_n, (j+1)*block_n) of both weight matrices: it loops over D in `block_d` slices, keeps the two fp32
 accumulators in registers, and writes silu(gate) * up once, in the input's dtype. The weights stay in their
 [D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
-matmul tiles); D and F must be multiples of 16 (`supported`). With a norm scale (ModelConfig.decode_out), x is the
-residual stream and the kernel applies the post-attention RMSNorm itself, in the same pass over D
-(decode_tiles.normed_dot_pair).
+matmul tiles); D and F must be multiples of 16 (`supported`). x comes normed (XLA's post-attention RMSNorm):
+inside the kernel the norm doubled its time (decode_tiles.dot_pair).
 
 Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
@@ -48,21 +47,17 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(*refs, block_d: int, eps: float | None):
-  """refs: x, [the norm scale if eps is set,] w_gate, w_up, out."""
-  x_ref, norm_ref, wg_ref, wu_ref, o_ref = refs if eps is not None else (refs[0], None, *refs[1:])
-  g, u = decode_tiles.normed_dot_pair(x_ref, norm_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :],
-                                      wg_ref.shape[1], block_d, eps)
+def _kernel(x_ref, wg_ref, wu_ref, o_ref, *, block_d: int):
+  g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d)
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
+@functools.partial(jax.jit, static_argnames=("block_n", "block_d", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, norm_scale_D: Array | None = None, *,
-                 eps: float = 1e-6, block_n: int = BLOCK_N, block_d: int = BLOCK_D, block_m: int = BLOCK_M,
-                 num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
-  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation). With
-  norm_scale_D, x is RMS-normed first (fp32, epsilon eps), inside the kernel: x is then the residual stream."""
+def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: int = BLOCK_N,
+                 block_d: int = BLOCK_D, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
+                 interpret: bool = False) -> Array:
+  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation)."""
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -70,16 +65,13 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, norm_scale_D:
   block_d, block_n = pick_block(d, block_d), pick_block(f, block_n)
   if not (block_d and block_n):
     raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
-  if norm_scale_D is not None and norm_scale_D.shape != (d,):
-    raise ValueError(f"norm_scale_D must be [D={d}], got {norm_scale_D.shape}")
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = jnp.pad(x_BxD.astype(w_gate_DxF.dtype), ((0, mp - b), (0, 0)))
   out = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d, eps=None if norm_scale_D is None else float(eps)),
+      functools.partial(_kernel, block_d=block_d),
       grid=(mp // bm, f // block_n),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
-          *([] if norm_scale_D is None else [pl.BlockSpec((d,), lambda i, j: (0,))]),
           pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
           pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
       ],
@@ -88,7 +80,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, norm_scale_D:
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_swiglu",
-  )(x, *([] if norm_scale_D is None else [norm_scale_D]), w_gate_DxF, w_up_DxF)
+  )(x, w_gate_DxF, w_up_DxF)
   return out[:b]
 
 

@@ -1,5 +1,5 @@
-"""The front of attention in a decode step as one Pallas kernel: the layer's input RMSNorm, the q/k/v projection,
-its biases, the rotary embedding of q and k, the write of the new k and v into the KV cache, and q laid out for
+"""The front of attention in a decode step as one Pallas kernel: the q/k/v projection of the normed x, its
+biases, the rotary embedding of q and k, the write of the new k and v into the KV cache, and q laid out for
 decode_attention.
 
 In a decode step XLA runs this as five kernels per layer (BENCHMARKS.md, thirteenth session, 0.5B shape at
@@ -10,19 +10,15 @@ owns `block_w` columns of one head's first half and the same columns of its seco
 so RoPE is done in registers on the fp32 accumulators:
 - programs [0, N * per_head) are q's heads, the next K * per_head k's, the last K * per_head v's
   (per_head = head_dim / 2 / block_w);
-- each loops over D in `block_d` slices with two fp32 accumulators [block_m, block_w]. With the norm, the x slice
-  is multiplied by the norm's scale before the dot and the rows' sums of squares accumulate alongside;
-  RMSNorm(x) @ W = r * ((x * scale) @ W) with r = rsqrt(mean(x^2) + eps), so r scales the accumulators after the
-  loop: one pass over D;
+- each loops over D in `block_d` slices with two fp32 accumulators [block_m, block_w] (decode_tiles.dot_pair);
 - then it adds the bias, rotates (q, k), and stores in the output dtype: q into [B, K, G_pad, H] (the layout
   decode_attention reads, its padding rows zeroed), k and v into cache slot `slot` of every row, in place (the
   caches are aliased to the outputs: no copy of the cache).
 With block_w = 16 the 0.5B shape has 36 programs per row block; `block_m` < B gives more programs, each reading
 the same weight columns (L2 hits).
 
-Numbers: fp32 accumulation, norm factor, bias and rotation, one rounding to the output dtype (XLA's path rounds
-the normed x, the projection and the rotation to the compute dtype in turn; here x * scale is rounded to the
-weights' dtype before the dot, and r applies after it), so bf16 results differ from the XLA path by bf16
+Numbers: fp32 accumulation, bias and rotation, one rounding to the output dtype (XLA's path rounds the
+projection and the rotation to the compute dtype in turn), so bf16 results differ from the XLA path by bf16
 rounding. tests/test_policy_decode_qkv.py compares with a float64 reference in interpret mode on the CPU (fp32,
 exact dots), checks that the kernel lowers to Triton, and (marker gpu) compares on the GPU.
 
@@ -31,9 +27,8 @@ Requirements (`supported`): head_dim / 2 a multiple of block_w, D a multiple of 
 
 Measured on an H200 (0.5B shape, B = 64; BENCHMARKS.md "Sampler", twenty-third session): alone, XLA's norm + this
 kernel took 10.5-10.8 us per layer against 12.2-13.8 us for XLA's whole path, and the decode step ran 48.7k
-against 47.0k tokens/s, so ModelConfig.decode_qkv='auto' uses it. With the norm inside (norm_scale_D) the kernel
-took 19-21 us: multiplying the x slice by the scale before the dots is what costs (experiments/
-bench_decode_norm.py), so the model applies XLA's norm first and passes no scale.
+against 47.0k tokens/s, so ModelConfig.decode_qkv='auto' uses it. A version with the norm inside took 19-21 us:
+multiplying the x slice by the norm scale before the dots is what costs (experiments/bench_decode_norm.py).
 """
 
 from __future__ import annotations
@@ -68,14 +63,9 @@ def supported(rows: int, hidden: int, head_dim: int, block_w: int = BLOCK_W) -> 
           and row_block(rows) > 0)
 
 
-def _kernel(*refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int, block_d: int,
-            eps: float | None):
-  """refs: slot, x, [the norm scale if eps is set,] the 3 weights, the 3 biases, cos, sin, the 2 caches (inputs,
-  aliased), then the outputs q and the 2 caches."""
-  if eps is None:
-    refs = (refs[0], refs[1], None, *refs[2:])
-  (slot_ref, x_ref, norm_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, _, q_ref, kc_ref,
-   vc_ref) = refs
+def _kernel(slot_ref, x_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, __, q_ref, kc_ref,
+            vc_ref, *, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int, block_d: int):
+  """The caches come in as inputs (aliased, unread) and go out as outputs, after q."""
   i, j = pl.program_id(0), pl.program_id(1)
   bm = x_ref.shape[0]
   half = head_dim // 2
@@ -85,12 +75,11 @@ def _kernel(*refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int
   rows = pl.ds(pl.multiple_of(i * bm, bm), bm)
 
   def project(w_ref, b_ref, head, p):
-    """fp32 (n(x) @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`,
-    n the input RMSNorm when eps is set (decode_tiles.normed_dot_pair)."""
+    """fp32 (x @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`."""
     c1 = pl.multiple_of(head * head_dim + p * block_w, block_w)
     c2 = pl.multiple_of(c1 + half, block_w)
-    a1, a2 = decode_tiles.normed_dot_pair(x_ref, norm_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
-                                          lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d, eps)
+    a1, a2 = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
+                                   lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d)
     a1 += b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
     a2 += b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
     return a1, a2
@@ -135,19 +124,18 @@ def _kernel(*refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int
     store(vc_ref, head, slot, p, r1, r2)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "block_w", "block_d", "block_m", "num_warps", "num_stages",
+@functools.partial(jax.jit, static_argnames=("block_w", "block_d", "block_m", "num_warps", "num_stages",
                                              "interpret"))
 def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: Array, b_q_NxH: Array,
                    b_k_KxH: Array, b_v_KxH: Array, cos_BxH2: Array, sin_BxH2: Array, k_cache_BxKxSxH: Array,
-                   v_cache_BxKxSxH: Array, slot: Array | int, norm_scale_D: Array | None = None, *,
-                   eps: float = 1e-6, block_w: int = BLOCK_W, block_d: int = BLOCK_D, block_m: int = BLOCK_M,
-                   num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> tuple[Array, Array, Array]:
+                   v_cache_BxKxSxH: Array, slot: Array | int, *, block_w: int = BLOCK_W, block_d: int = BLOCK_D,
+                   block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False
+                   ) -> tuple[Array, Array, Array]:
   """One decode step's q, and the caches with this step's k and v written at `slot`.
 
   Returns (q [B, K, G_pad, H] in x's dtype, rows [G, G_pad) zero; k cache; v cache). q and k are rotated by the
   fp32 cos/sin [B, H/2] of each row's position. Weights as the model stores them ([D, N, H], [D, K, H]); biases
-  [N, H], [K, H]; caches [B, K, S, H]. With norm_scale_D, x is the residual stream and the kernel applies the
-  layer's input RMSNorm (fp32, epsilon eps) itself: the decode step then has no norm kernel of its own.
+  [N, H], [K, H]; caches [B, K, S, H]. x is the layer's normed input.
   """
   b, d = x_BxD.shape
   _, n, h = w_q_DxNxH.shape
@@ -170,29 +158,25 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   groups = n // kh
   per_head = h // 2 // block_w
   dt = w_q_DxNxH.dtype
-  if norm_scale_D is not None and norm_scale_D.shape != (d,):
-    raise ValueError(f"norm_scale_D must be [D={d}], got {norm_scale_D.shape}")
   kernel = functools.partial(_kernel, num_heads=n, num_kv_heads=kh, groups=groups, head_dim=h, block_w=block_w,
-                             block_d=block_d, eps=None if norm_scale_D is None else float(eps))
+                             block_d=block_d)
   whole = pl.BlockSpec()  # The whole array: the kernel computes its own offsets.
   rows = pl.BlockSpec((bm, d), lambda i, j: (i, 0))
   rope = pl.BlockSpec((bm, h // 2), lambda i, j: (i, 0))
-  norm_arg = [] if norm_scale_D is None else [norm_scale_D]  # no norm: no operand at all (no constant to build)
-  norm_spec = [whole] * len(norm_arg)
   q, kc, vc = pl.pallas_call(
       kernel,
       grid=(b // bm, (n + 2 * kh) * per_head),
-      in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows, *norm_spec, whole, whole, whole, whole, whole, whole,
+      in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows, whole, whole, whole, whole, whole, whole,
                 rope, rope, whole, whole],
       out_specs=[whole, whole, whole],
       out_shape=[jax.ShapeDtypeStruct((b, kh, decode_attention.padded_rows(groups), h), x_BxD.dtype),
                  jax.ShapeDtypeStruct(k_cache_BxKxSxH.shape, k_cache_BxKxSxH.dtype),
                  jax.ShapeDtypeStruct(v_cache_BxKxSxH.shape, v_cache_BxKxSxH.dtype)],
-      input_output_aliases={10 + len(norm_arg): 1, 11 + len(norm_arg): 2},  # the caches
+      input_output_aliases={10: 1, 11: 2},  # the caches
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_qkv",
-  )(jnp.reshape(jnp.asarray(slot, jnp.int32), (1,)), x_BxD.astype(dt), *norm_arg, w_q_DxNxH.reshape(d, n * h),
+  )(jnp.reshape(jnp.asarray(slot, jnp.int32), (1,)), x_BxD.astype(dt), w_q_DxNxH.reshape(d, n * h),
     w_k_DxKxH.reshape(d, kh * h), w_v_DxKxH.reshape(d, kh * h), b_q_NxH.reshape(n * h), b_k_KxH.reshape(kh * h),
     b_v_KxH.reshape(kh * h), cos_BxH2.astype(jnp.float32), sin_BxH2.astype(jnp.float32), k_cache_BxKxSxH,
     v_cache_BxKxSxH)

@@ -39,35 +39,24 @@ def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
   return jax.lax.fori_loop(0, k // block_k, body, jnp.zeros((m, w_ref.shape[1]), jnp.float32))
 
 
-def normed_dot_pair(x_ref, norm_ref, load_w1, load_w2, cols: int, block_d: int, eps: float | None
-                    ) -> tuple[jax.Array, jax.Array]:
-  """(n(x) @ W1, n(x) @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices; n is the
-  RMSNorm with scale norm_ref [D] and epsilon eps, or the identity when eps is None.
+def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int) -> tuple[jax.Array, jax.Array]:
+  """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices.
 
-  RMSNorm(x) @ W = r * ((x * scale) @ W) with r = rsqrt(mean(x^2) + eps) per row: x * scale is rounded to the
-  weights' dtype before the dot (as the XLA path rounds the normed x), the rows' sums of squares accumulate in
-  the same loop, and r scales the accumulators after it.
+  The x slice goes to the dots as it is loaded: a kernel that multiplied it by an RMSNorm scale first (to apply
+  the norm inside, r * ((x * scale) @ W)) took about twice as long on an H200 (19-21 against 9-11 us per layer;
+  BENCHMARKS.md "Sampler", twenty-third session), so the model applies XLA's norm before these kernels.
   """
   m, d = x_ref.shape
 
   def body(t, carry):
-    a1, a2, *ss = carry  # ss: [the rows' sums of squares] with the norm, else nothing (no extra loop carry)
+    a1, a2 = carry
     ks = pl.ds(pl.multiple_of(t * block_d, block_d), block_d)
     x = x_ref[:, ks]
     w1 = load_w1(ks)
     exact = EXACT if w1.dtype == jnp.float32 else None
-    if eps is not None:
-      xf = x.astype(jnp.float32)
-      ss = [ss[0] + jnp.sum(xf * xf, axis=1)]
-      x = (xf * norm_ref[ks].astype(jnp.float32)[None, :]).astype(w1.dtype)
     a1 += jax.lax.dot(x, w1, precision=exact, preferred_element_type=jnp.float32)
     a2 += jax.lax.dot(x, load_w2(ks), precision=exact, preferred_element_type=jnp.float32)
-    return (a1, a2, *ss)
+    return a1, a2
 
   zeros = jnp.zeros((m, cols), jnp.float32)
-  init = (zeros, zeros) + ((jnp.zeros((m,), jnp.float32),) if eps is not None else ())
-  a1, a2, *ss = jax.lax.fori_loop(0, d // block_d, body, init)
-  if eps is not None:
-    r = jax.lax.rsqrt(ss[0] / d + eps)[:, None]
-    a1, a2 = a1 * r, a2 * r
-  return a1, a2
+  return jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros))
