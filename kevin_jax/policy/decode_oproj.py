@@ -6,8 +6,8 @@ In a decode step XLA runs the o projection as a GEMM split along N*H into fp32 p
 RMSNorm without storing the sum (2.5 us); the residual add after the MLP recomputes that sum (BENCHMARKS.md,
 thirteenth session). Here program (i, j) owns rows [i*block_m, ...) and columns [j*block_n, ...) of the output:
 it loops over N*H in `block_k` slices with an fp32 accumulator, adds the residual and writes h + o @ W_o once.
-The post-attention RMSNorm stays XLA's fusion: inside the MLP's front (decode_mlp.swiglu_front with its norm
-scale) it made that kernel 19.1 us instead of 8.9 (BENCHMARKS.md "Sampler", twenty-third session).
+The post-attention RMSNorm stays XLA's fusion: applied inside the MLP's Pallas front it made that kernel 19.1 us
+instead of 8.9 (BENCHMARKS.md "Sampler", twenty-third session).
 
 Numbers: fp32 accumulation and residual add, one rounding (XLA's path rounds o @ W_o to the compute dtype before
 the add). tests/test_policy_decode_oproj.py compares with a float64 reference in interpret mode (fp32) and checks
