@@ -3,8 +3,8 @@ the post-attention norm applied in several ways, alone, on the 0.5B shape.
 
   JAX_PLATFORMS=cuda,cpu python3 experiments/bench_decode_norm.py --out $OUT/decode_norm
 
-The twenty-third session's decode profile (BENCHMARKS.md) timed the front with the norm inside
-(decode_tiles.normed_dot_pair: x * scale rounded, then the dots, with the rows' sums of squares in the same loop)
+The twenty-third session's decode profile (BENCHMARKS.md) timed the front with the norm inside (as the kernel
+had it before commit b9ab122: x * scale rounded, then the dots, with the rows' sums of squares in the same loop)
 at 19.1 us per layer against 8.9 us without it. The versions here separate the pieces of that loop:
   xla             XLA's norm, then XLA's gate/up einsums and SwiGLU (the model's path before any kernel);
   xla_norm+front  XLA's norm (one fusion, bf16 out), then the kernel without a norm (the current default);
@@ -36,17 +36,11 @@ from jax.experimental.pallas import triton as pl_triton  # pylint: disable=wrong
 
 from experiments.bench_decode_mlp import (  # pylint: disable=wrong-import-position
     SHAPES, add_round_args, print_table, run_rounds, time_layers, xla_front)
-from kevin_jax.policy import decode_tiles  # pylint: disable=wrong-import-position
+from experiments.bench_decode_qkv import xla_norm  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_mlp import swiglu_front  # pylint: disable=wrong-import-position
 
-EPS = 1e-6
+EPS = 1e-6  # xla_norm's default epsilon
 F32 = jnp.float32
-
-
-def xla_norm(x, scale):
-  xf = x.astype(F32)
-  return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=1, keepdims=True) + EPS) * scale.astype(F32)[None]
-          ).astype(x.dtype)
 
 
 def xla_inv_rms(x):
@@ -148,22 +142,16 @@ def main(argv=None) -> None:
   x = jnp.asarray(rng.standard_normal((a.batch, d), np.float32) * 3, jnp.bfloat16)
   vs = versions(a.interpret)
   want = np.asarray(jax.jit(vs["xla"][0])(x, wg[0], wu[0], sc[0]), np.float32)
-  fns = {name: functools.partial(fn) for name, (fn, _) in vs.items()}
-  scaled = {name: s for name, (_, s) in vs.items()}
+  fns = {name: fn for name, (fn, _) in vs.items()}
+  weights = {fn: ((wg_s, wu_s, sc) if pre_scaled else (wg, wu, sc)) for fn, pre_scaled in vs.values()}
 
   def max_rel_diff(fn):
-    name = next(k for k, v in fns.items() if v is fn)
-    g, u = (wg_s[0], wu_s[0]) if scaled[name] else (wg[0], wu[0])
-    got = np.asarray(jax.jit(fn)(x, g, u, sc[0]), np.float32)
+    got = np.asarray(jax.jit(fn)(x, *(w[0] for w in weights[fn])), np.float32)
     return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
-  def time_us(fn):
-    name = next(k for k, v in fns.items() if v is fn)
-    ws = (wg_s, wu_s, sc) if scaled[name] else (wg, wu, sc)
-    return time_layers(fn, x, ws, a.reps)
-
   rows = []
-  run_rounds(rows, {"shape": a.shape, "batch": a.batch}, fns, a.rounds, max_rel_diff, time_us, 2 * d * f * 2)
+  run_rounds(rows, {"shape": a.shape, "batch": a.batch}, fns, a.rounds, max_rel_diff,
+             lambda fn: time_layers(fn, x, weights[fn], a.reps), 2 * d * f * 2)
   with open(os.path.join(a.out, "results.json"), "w", encoding="utf-8") as fh:
     json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "layers": a.layers,
                "reps": a.reps, "rows": rows}, fh, indent=1)
