@@ -36,6 +36,7 @@ Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
+BALANCE = False  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
 
 
 @jax.tree_util.register_dataclass
@@ -68,21 +69,23 @@ def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
 
 
 def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen_start: int, split_len: int,
-            block_k: int, scale: float):
+            block_k: int, scale: float, balance: bool, splits: int):
   b, s = pl.program_id(0), pl.program_id(2)
-  lo = s * split_len
-  hi = lo + split_len
   plen = plen_ref[b]
-  gend = gen_start + glen_ref[0]
+  glen = glen_ref[0]
+  gend = gen_start + glen
   q = q_ref[...]  # [Gp, H]
   gp, h = q.shape
   offs = jnp.arange(block_k)
+  # balance: k_ref/v_ref hold the row's whole cache, so slot blocks are addressed from 0; else only this split's
+  # slot range [s * split_len, (s + 1) * split_len).
+  base = 0 if balance else s * split_len
 
   def block(j, carry):
     acc, m_prev, l_prev = carry
     start = pl.multiple_of(j * block_k, block_k)
-    k = k_ref[pl.ds(start - lo, block_k), :]  # [block_k, H]
-    v = v_ref[pl.ds(start - lo, block_k), :]
+    k = k_ref[pl.ds(start - base, block_k), :]  # [block_k, H]
+    v = v_ref[pl.ds(start - base, block_k), :]
     slot = start + offs
     visible = (slot < plen) | ((slot >= gen_start) & (slot < gend))
     sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=EXACT,
@@ -97,11 +100,23 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
     return acc, m_next, l_next
 
   carry = (jnp.zeros((gp, h), jnp.float32), jnp.full((gp,), _NEG, jnp.float32), jnp.zeros((gp,), jnp.float32))
+  g0 = gen_start // block_k  # the first generated block
+  if balance:
+    # The row's visible blocks, prompt's then generated, numbered 0..n-1; split s takes an equal share of them.
+    n_prompt = (plen + block_k - 1) // block_k
+    n = n_prompt + (glen + block_k - 1) // block_k
+    per = (n + splits - 1) // splits
+    v0 = jnp.minimum(s * per, n)
+    v1 = jnp.minimum(v0 + per, n)
+    a0, a1 = v0, jnp.minimum(v1, n_prompt)
+    b0, b1 = g0 + jnp.maximum(v0, n_prompt) - n_prompt, g0 + v1 - n_prompt
+  else:
+    lo, hi = s * split_len, (s + 1) * split_len
+    a0, a1 = lo // block_k, (jnp.minimum(hi, plen) + block_k - 1) // block_k
+    b0 = jnp.maximum(lo, gen_start) // block_k
+    b1 = (jnp.minimum(hi, gend) + block_k - 1) // block_k
   # Prompt blocks in this split, then generated blocks (disjoint: gen_start is a multiple of block_k).
-  a0, a1 = lo // block_k, (jnp.minimum(hi, plen) + block_k - 1) // block_k
   carry = jax.lax.fori_loop(a0, jnp.maximum(a0, a1), block, carry)
-  b0 = jnp.maximum(lo, gen_start) // block_k
-  b1 = (jnp.minimum(hi, gend) + block_k - 1) // block_k
   carry = jax.lax.fori_loop(b0, jnp.maximum(b0, b1), block, carry)
   acc, m, l = carry
   o_ref[...] = acc
@@ -114,9 +129,11 @@ def padded_rows(groups: int) -> int:
   return max(16, -(-groups // 16) * 16)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "balance", "num_warps",
+                                             "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, interpret: bool = False) -> Array:
+                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, balance: bool = BALANCE,
+                     num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
   groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
@@ -132,13 +149,15 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
     raise ValueError(f"decode_attention needs S ({s}) and gen_start ({ranges.gen_start}) multiples of "
                      f"block_k ({block_k}) and head_dim ({h}) a multiple of 16")
   splits = num_splits or _num_splits(b, kh, s // block_k)
-  if (s // block_k) % splits:
+  if not balance and (s // block_k) % splits:
     raise ValueError(f"{splits} splits do not divide {s // block_k} blocks")
   split_len = s // splits
   gp = padded_rows(g)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
   q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - q_BxKxGxH.shape[2]), (0, 0)))
   kernel = functools.partial(_kernel, gen_start=ranges.gen_start, split_len=split_len, block_k=block_k,
-                             scale=h ** -0.5)
+                             scale=h ** -0.5, balance=balance, splits=splits)
+  kv_len = s if balance else split_len
+  kv_map = (lambda i, j, t: (i, j, 0, 0)) if balance else (lambda i, j, t: (i, j, t, 0))
   o, m, l = pl.pallas_call(
       kernel,
       grid=(b, kh, splits),
@@ -146,8 +165,8 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
           pl.BlockSpec((b,), lambda i, j, t: (0,)),  # prompt lengths
           pl.BlockSpec((1,), lambda i, j, t: (0,)),  # generated length
           pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0)),
-          pl.BlockSpec((None, None, split_len, h), lambda i, j, t: (i, j, t, 0)),
-          pl.BlockSpec((None, None, split_len, h), lambda i, j, t: (i, j, t, 0)),
+          pl.BlockSpec((None, None, kv_len, h), kv_map),
+          pl.BlockSpec((None, None, kv_len, h), kv_map),
       ],
       out_specs=[
           pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0)),
@@ -159,7 +178,7 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
           jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
           jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
       ],
-      compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_attention",
   )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
