@@ -91,6 +91,34 @@ def test_logsumexp_rows_equals_logsumexp(v):
   assert abs(want[1] - 80.0) < 1e-3
 
 
+@pytest.mark.parametrize("valid_vocab", [8192, 8000])
+@pytest.mark.parametrize("top_k", [0, 50])
+def test_sample_logits_logprobs_equal_log_softmax(valid_vocab, top_k):
+  """sample_logits' log-probs of the tokens it draws equal log_softmax's, raw and at the temperature, where the
+  scaled logits' chunk maxima come from the raw logits' (top_k 0; with a vocabulary mask, from the masked
+  logits') and where they are computed afresh (top_k 50); masked tokens are never drawn."""
+  rng = np.random.RandomState(valid_vocab + top_k)
+  v, t = 8192, 0.7
+  logits = rng.randn(6, v).astype(np.float32) * 3
+  logits[:, valid_vocab:] += 20.0  # masked columns that would dominate if the mask were lost
+  keys = jax.random.split(jax.random.PRNGKey(0), 6)
+  fn = jax.jit(lambda x, k: sampler_lib.sample_logits(x, k, jnp.float32(t), jnp.float32(1.0), top_k=top_k,
+                                                      greedy=False, use_top_p=False, valid_vocab=valid_vocab))
+  tok, raw, samp = (np.asarray(a) for a in fn(jnp.asarray(logits), keys))
+  assert np.all(tok < valid_vocab)
+  x = logits.astype(np.float64)
+  ref_raw = x - np.log(np.sum(np.exp(x - x.max(1, keepdims=True)), 1, keepdims=True)) - x.max(1, keepdims=True)
+  scaled = np.where(np.arange(v)[None] < valid_vocab, x, sampler_lib._NEG) / t  # pylint: disable=protected-access
+  if top_k:
+    kth = -np.sort(-scaled, axis=1)[:, top_k - 1:top_k]
+    scaled = np.where(scaled >= kth, scaled, sampler_lib._NEG)  # pylint: disable=protected-access
+  m = scaled.max(1, keepdims=True)
+  ref_samp = scaled - m - np.log(np.sum(np.exp(scaled - m), 1, keepdims=True))
+  rows = np.arange(6)
+  np.testing.assert_allclose(raw, ref_raw[rows, tok], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(samp, ref_samp[rows, tok], rtol=1e-5, atol=1e-5)
+
+
 def test_reduce_chunks_keep_greedy_and_logprobs(tmp_path, prompts):
   """SamplerConfig.reduce_chunks (two-stage argmax / logsumexp / Gumbel draw) vs 1 (one-stage): the same greedy
   tokens and log-probs; sampled tokens' log-probs (raw and at T) equal a fresh forward pass's. A vocabulary of

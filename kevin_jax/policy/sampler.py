@@ -149,40 +149,50 @@ def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
   return (c_B * width + jnp.take_along_axis(i_BxC, c_B[:, None], axis=-1)[:, 0]).astype(jnp.int32)
 
 
-def logsumexp_rows(x_BxV: Array, chunks: int = 32) -> Array:
+def logsumexp_rows(x_BxV: Array, chunks: int = 32, m_BxC: Array | None = None) -> Array:
   """jax.scipy.special.logsumexp(x_BxV, axis=-1) in two stages: each of `chunks` column chunks' maximum m_c and
   sum s_c of exp(x - m_c), then M = max_c m_c and M + log(sum_c s_c exp(m_c - M)). Equal to jax's for rows of
   finite values and -inf (all -inf -> -inf); a row with +inf or NaN gives NaN (jax: +inf for +inf), which
-  logits never hold. Two stages for the reason argmax_rows gives: one block per row leaves SMs idle."""
+  logits never hold. Two stages for the reason argmax_rows gives: one block per row leaves SMs idle.
+  m_BxC: the chunk maxima, if the caller has them (chunk_max_rows(x_BxV, chunks))."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     return jax.scipy.special.logsumexp(x_BxV, axis=-1)
-  m_BxC, s_BxC = _chunk_stats(x_BxCxW)
-  m_B = jnp.max(m_BxC, axis=-1)
+  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
+  # The barrier keeps XLA from merging max_c(max_w x) into one reduction of its own over all of x: in the decode
+  # step's HLO that was another full pass over the [B, V] logits (and a second stage) per logsumexp.
+  m_B = jnp.max(jax.lax.optimization_barrier(m_BxC), axis=-1)
   m_B = jnp.where(jnp.isneginf(m_B), 0.0, m_B)  # an all -inf row: log(0) = -inf below
   return m_B + jnp.log(jnp.sum(s_BxC * jnp.exp(m_BxC - m_B[:, None]), axis=-1))
 
 
-def _chunk_stats(x_BxCxW: Array) -> tuple[Array, Array]:
-  """Per chunk: its maximum m and sum(exp(x - m)) (-inf and 0 for an all -inf chunk)."""
-  m_BxC = jnp.max(x_BxCxW, axis=-1)
+def chunk_max_rows(x_BxV: Array, chunks: int = 32) -> Array | None:
+  """The maxima [B, C] of the column chunks that logsumexp_rows and gumbel_sample_rows use (None: one stage)."""
+  x_BxCxW = _chunked(x_BxV, chunks)
+  return None if x_BxCxW is None else jnp.max(x_BxCxW, axis=-1)
+
+
+def _chunk_stats(x_BxCxW: Array, m_BxC: Array | None = None) -> tuple[Array, Array]:
+  """Per chunk: its maximum m (computed unless given) and sum(exp(x - m)) (-inf and 0 for an all -inf chunk)."""
+  if m_BxC is None:
+    m_BxC = jnp.max(x_BxCxW, axis=-1)
   safe_BxC = jnp.where(jnp.isneginf(m_BxC), 0.0, m_BxC)  # exp(-inf - 0) = 0, where exp(-inf - -inf) is NaN
   return m_BxC, jnp.sum(jnp.exp(x_BxCxW - safe_BxC[..., None]), axis=-1)
 
 
-def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32) -> Array:
+def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Array | None = None) -> Array:
   """One draw per row from softmax(x_BxV) (int32), by Gumbel-argmax in two stages: a column chunk c with
   probability S_c / S (Gumbel-argmax over the chunks' log-masses log S_c), then a token j of it with probability
   exp(x_j) / S_c (Gumbel-argmax within the chunk), so P(j) = exp(x_j) / S exactly. That takes C + W Gumbel
   draws per row instead of V: generating [64, 151936] threefry Gumbels was the decode step's largest non-GEMM
   kernel (62 us per step, 2026-12-02 profile). chunks < 2 (or V < 512): the one-stage draw. Rows must have a
-  finite maximum (logits do; masked entries are finite _NEG)."""
+  finite maximum (logits do; masked entries are finite _NEG). m_BxC: the chunk maxima, if the caller has them."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     v = x_BxV.shape[-1]
     return argmax_rows(x_BxV + jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B), chunks)
   _, c, w = x_BxCxW.shape
-  m_BxC, s_BxC = _chunk_stats(x_BxCxW)
+  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
   log_mass_BxC = jnp.where(s_BxC > 0, m_BxC + jnp.log(s_BxC), -jnp.inf)
   keys_Bx2 = jax.vmap(jax.random.split)(keys_B)
   chunk_B = jnp.argmax(log_mass_BxC + jax.vmap(lambda k: jax.random.gumbel(k, (c,), jnp.float32))(keys_Bx2[:, 0]),
@@ -200,10 +210,11 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
 
-  def logp_of(x_BxV, token_B):  # log_softmax(x)[token] without materialising a [B, V] log-softmax
+  def logp_of(x_BxV, token_B, m_BxC):  # log_softmax(x)[token] without materialising a [B, V] log-softmax
     return (jnp.take_along_axis(x_BxV, token_B[:, None], axis=-1)[:, 0]
-            - logsumexp_rows(x_BxV, reduce_chunks))
+            - logsumexp_rows(x_BxV, reduce_chunks, m_BxC))
 
+  m_raw_BxC = chunk_max_rows(logits_BxV, reduce_chunks)
   masked_BxV = logits_BxV
   if valid_vocab < v:
     masked_BxV = jnp.where(jnp.arange(v)[None, :] < valid_vocab, logits_BxV, _NEG)
@@ -212,6 +223,12 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
     samp_logp_B = jnp.zeros(token_B.shape, jnp.float32)
   else:
     scaled_BxV = masked_BxV / temperature
+    m_scaled_BxC = None
+    if top_k == 0 and not use_top_p and m_raw_BxC is not None:
+      # max(x / T) == max(x) / T exactly (T > 0, rounding is monotonic), so the scaled logits' chunk maxima come
+      # from the logits': the step reads the [B, V] logits for chunk maxima once, not once per distribution.
+      m_masked_BxC = m_raw_BxC if valid_vocab == v else chunk_max_rows(masked_BxV, reduce_chunks)
+      m_scaled_BxC = m_masked_BxC / temperature
     if top_k > 0:
       kth_Bx1 = jax.lax.top_k(scaled_BxV, top_k)[0][:, -1:]
       scaled_BxV = jnp.where(scaled_BxV >= kth_Bx1, scaled_BxV, _NEG)
@@ -222,9 +239,11 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
       keep_BxV = mass_before_BxV < top_p
       threshold_Bx1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
       scaled_BxV = jnp.where(scaled_BxV >= threshold_Bx1, scaled_BxV, _NEG)
-    token_B = gumbel_sample_rows(scaled_BxV, keys_B, reduce_chunks)
-    samp_logp_B = logp_of(scaled_BxV, token_B)
-  return token_B, logp_of(logits_BxV, token_B), samp_logp_B
+    if m_scaled_BxC is None:
+      m_scaled_BxC = chunk_max_rows(scaled_BxV, reduce_chunks)
+    token_B = gumbel_sample_rows(scaled_BxV, keys_B, reduce_chunks, m_scaled_BxC)
+    samp_logp_B = logp_of(scaled_BxV, token_B, m_scaled_BxC)
+  return token_B, logp_of(logits_BxV, token_B, m_raw_BxC), samp_logp_B
 
 
 def _fold_keys(keys_Bx2: Array, step: Array) -> Array:
