@@ -19,12 +19,15 @@ def _case(dtype, b=3, k=2, g=7, h=64, p=128, n=256, seed=0):
   return q, kc, vc, s
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 6])
+@pytest.mark.parametrize("splits,balance", [(1, False), (2, False), (3, False), (6, False), (1, True), (2, True),
+                                            (5, True), (8, True)])
 @pytest.mark.parametrize("gen_len", [1, 64, 65, 150])
-def test_matches_masked_einsum_fp32(splits, gen_len):
+def test_matches_masked_einsum_fp32(splits, balance, gen_len):
+  """Fixed slot ranges per split, and balanced splits (an equal share of each row's visible blocks; with 5 or 8
+  splits some rows' splits get none, and 5 does not divide the 6 blocks)."""
   q, kc, vc, s = _case(jnp.float32)
   ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(gen_len), gen_start=128)
-  got = decode_attention(q, kc, vc, ranges, num_splits=splits, interpret=True)
+  got = decode_attention(q, kc, vc, ranges, num_splits=splits, balance=balance, interpret=True)
   want = _decode_attend(q, kc, vc, ranges.mask(s), True)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
