@@ -28,7 +28,6 @@ down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5"
 case "${1:-}" in
   prep) rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax experiments/profile_decode.py \
           experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;
-          "/.ab_base/ to .git/info/exclude)" ;;
   1) exec bash experiments/gpu_session.sh \
        "attn=240=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
        "qkv=120=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
