@@ -1,6 +1,7 @@
 """The Pallas decode-attention kernel (policy/decode_attention.py) against the masked einsum, in interpret mode on
 the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches, and the sampler end to end."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -56,3 +57,16 @@ def test_shape_rules():
 def test_sampler_same_tokens_with_the_kernel():
   """Greedy decoding of a random small-shaped model: the Pallas path (interpret) and the XLA path agree."""
   assert_sampler_same_with_kernel("decode_attention", head_dim=16)
+
+
+@pytest.mark.parametrize("balance", [False, True])
+@pytest.mark.parametrize("slots", [2048, 1088])
+def test_lowers_to_triton(balance, slots):
+  """The kernel lowers through Pallas' Triton backend for a GPU target (on the CPU: no device needed) at the
+  0.5B shape, B = 64, with a cache of a power of two of slots and not (1,024 prompt + 64 generated)."""
+  spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+  ranges = SlotRanges(prompt_len_B=spec(64, dtype=jnp.int32), gen_len=spec(dtype=jnp.int32), gen_start=1024)
+  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance)
+  text = jax.jit(fn).trace(spec(64, 2, 7, 64), spec(64, 2, slots, 64), spec(64, 2, slots, 64), ranges).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
