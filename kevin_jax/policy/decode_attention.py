@@ -11,7 +11,10 @@ Layout: grid (B, K, splits). Program (b, k, s) owns the slot range [s*S/splits, 
 k; it loops over the visible `block_k`-slot blocks of that range with an online softmax (fp32 running max, sum
 and accumulator) and writes its partial (acc, max, sum); a small XLA epilogue merges the splits (flash-decoding).
 Splitting S gives enough programs to fill the GPU at small batch; a split with nothing visible writes an empty
-partial that the merge weighs by zero.
+partial that the merge weighs by zero. With `balance=True` the splits share the row's visible blocks instead (each
+an equal run of them, prompt blocks first): with fixed ranges, while the generated part is short, the splits over
+the prompt read whole ranges and those past it little or nothing. Not yet measured on a GPU, so off by default
+(BALANCE); experiments/bench_decode_attention.py times both (experiments/decode_kernels_ab.sh part 1).
 
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
