@@ -106,17 +106,18 @@ def test_sample_logits_logprobs_equal_log_softmax(valid_vocab, top_k):
                                                       greedy=False, use_top_p=False, valid_vocab=valid_vocab))
   tok, raw, samp = (np.asarray(a) for a in fn(jnp.asarray(logits), keys))
   assert np.all(tok < valid_vocab)
+  def log_softmax(z):  # float64, per row
+    m = z.max(1, keepdims=True)
+    return z - m - np.log(np.sum(np.exp(z - m), 1, keepdims=True))
+
   x = logits.astype(np.float64)
-  ref_raw = x - np.log(np.sum(np.exp(x - x.max(1, keepdims=True)), 1, keepdims=True)) - x.max(1, keepdims=True)
   scaled = np.where(np.arange(v)[None] < valid_vocab, x, sampler_lib._NEG) / t  # pylint: disable=protected-access
   if top_k:
     kth = -np.sort(-scaled, axis=1)[:, top_k - 1:top_k]
     scaled = np.where(scaled >= kth, scaled, sampler_lib._NEG)  # pylint: disable=protected-access
-  m = scaled.max(1, keepdims=True)
-  ref_samp = scaled - m - np.log(np.sum(np.exp(scaled - m), 1, keepdims=True))
   rows = np.arange(6)
-  np.testing.assert_allclose(raw, ref_raw[rows, tok], rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(samp, ref_samp[rows, tok], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(raw, log_softmax(x)[rows, tok], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(samp, log_softmax(scaled)[rows, tok], rtol=1e-5, atol=1e-5)
 
 
 def test_reduce_chunks_keep_greedy_and_logprobs(tmp_path, prompts):
