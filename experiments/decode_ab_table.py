@@ -13,7 +13,9 @@ import argparse
 import json
 import os
 
-SETTINGS = ("decode_mlp", "decode_down", "decode_qkv", "decode_out", "decode_fusion")
+SETTINGS = ("decode_mlp", "decode_down", "decode_qkv", "decode_out", "decode_fusion", "attn_balance", "attn_merge")
+# What runs recorded before a setting existed used (the settings they could not have changed).
+_OLD_DEFAULTS = {"decode_qkv": "xla", "decode_out": "xla", "attn_balance": False, "attn_merge": "reduce"}
 
 
 def load(path: str) -> tuple[str, dict]:
@@ -30,7 +32,7 @@ def rows(runs: list[tuple[str, dict]]) -> list[dict]:
   """One row per (run, traced generate call): settings, speed, classes and kernels (errors kept as rows)."""
   out = []
   for name, res in runs:
-    settings = {k: res.get(k, "xla" if k in ("decode_qkv", "decode_out") else None) for k in SETTINGS}
+    settings = {k: res.get(k, _OLD_DEFAULTS.get(k)) for k in SETTINGS}
     for g in res.get("generate", []):
       row = {"run": name, "batch": g.get("batch"), **settings}
       if "error" in g:

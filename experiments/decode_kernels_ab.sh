@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The GPU checks of the decode step's kernels, in GPU calls of under 10 minutes each (carry .whl; part 3 also
-# .ab_base):
+# The GPU checks of the decode step's kernels, in GPU calls of under 10 minutes each (carry .whl; part 3 with the
+# variant `base` also .ab_base). In the order to run them (a session has 30 minutes of device time: parts 1, 3,
+# 2 and 4a fit in about 20 of them, if the machine starts once and stays warm):
 #
 #   bash experiments/decode_kernels_ab.sh prep  # HERE, not on the GPU host: .ab_base/ = the baseline tree (commit
-#                                               # eac7616's kevin_jax and profile scripts) for part 3
-#   bash experiments/decode_kernels_ab.sh 1     # the kernels alone, by block shape / warps / stages (and, for
-#                                               # attention, splits and balanced splits): attention, q/k/v, MLP
+#                                               # eac7616's kevin_jax and profile scripts), for part 3's `base`
+#   bash experiments/decode_kernels_ab.sh 1     # the kernels alone, by block shape / warps / stages (attention: also
+#                                               # splits and balanced splits; down: also fewer F splits): attention,
+#                                               # q/k/v, MLP. Make the winners the defaults before part 3.
+#   bash experiments/decode_kernels_ab.sh 3 [NAME:FLAGS ...]
+#                                               # profile_decode at B = 64, one process per variant, the variants
+#                                               # alternated twice; NAME:FLAGS adds profile_decode flags (the
+#                                               # default set: see PART3 below); NAME `base` runs .ab_base's tree
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
-#   bash experiments/decode_kernels_ab.sh 3     # profile_decode at B = 64: the baseline tree against this tree,
-#                                               # then this tree with SamplerConfig.decode_fusion; alternated, each
-#                                               # in its own process (JAX reuses a trace)
-#   bash experiments/decode_kernels_ab.sh 4     # the issue's benchmark table (bench_sampler: 0.5B and 1.5B, B 64/256)
+#   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64
+#   bash experiments/decode_kernels_ab.sh 4     # the issue's whole benchmark table (0.5B and 1.5B, B 64/256)
 #
 # Results: $OUT/<stage>/ and the stage logs (gpu_session.sh); `python3 experiments/decode_ab_table.py <stage dirs>`
 # puts part 3's runs side by side. Part 1's first config of each kernel is the current default.
@@ -24,7 +28,14 @@ attn="64x0x4x2x0,64x0x4x2x1,64x0x4x3x1,64x0x4x4x1,128x0x4x3x1,128x0x8x3x1,64x8x4
 64x0x2x3x1"
 qkv="64x16x4x3,16x16x4x3,64x16x4x5,64x16x4x7,16x16x4x7,32x16x4x7,16x16x2x7"
 front="64x128x4x3,64x128x4x5,64x128x4x7,32x128x4x5,32x128x4x7"
-down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5"
+# down: auto splits give 19 fp32 partials at 0.5B (4.4 MB written, then read by XLA's sum); 2-4 splits with narrower
+# column blocks keep the program count with a fifth of those bytes.
+down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5,16x64x4x4x3,16x64x4x4x5,32x64x4x4x3,\
+16x64x2x4x5,64x64x4x4x5"
+# Part 3's default variants: the tree's defaults; the attention's splits merged by elementwise ops (which XLA may
+# fuse into the o projection); balanced splits (both merges); XLA's multi-output fusions (SamplerConfig.decode_fusion).
+PART3=("new:" "unrolled:--attn-merge unrolled" "balance:--attn-balance 1" \
+       "bal_unrolled:--attn-balance 1 --attn-merge unrolled" "fusion:--decode-fusion 1")
 case "${1:-}" in
   prep) rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax experiments/profile_decode.py \
           experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;
@@ -35,15 +46,26 @@ case "${1:-}" in
 --down-configs $down --out \$OUT/mlp" ;;
   2) exec bash experiments/gpu_session.sh \
        "gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests" ;;
-  3) [ -d .ab_base/kevin_jax ] || { echo "no .ab_base: run part prep here and carry .ab_base" >&2; exit 2; }
-     exec bash experiments/gpu_session.sh \
-       "base1=70=python3 .ab_base/$prof --out \$OUT/base1" \
-       "new1=70=python3 $prof --out \$OUT/new1" \
-       "fusion1=70=python3 $prof --decode-fusion 1 --out \$OUT/fusion1" \
-       "base2=70=python3 .ab_base/$prof --out \$OUT/base2" \
-       "new2=70=python3 $prof --out \$OUT/new2" \
-       "fusion2=70=python3 $prof --decode-fusion 1 --out \$OUT/fusion2" ;;
+  3) shift
+     variants=("$@"); [ ${#variants[@]} -gt 0 ] || variants=("${PART3[@]}")
+     limit=$(( 540 / (2 * ${#variants[@]}) ))  # each run took 25-31 s in the twenty-third session
+     stages=()
+     for round in 1 2; do
+       for v in "${variants[@]}"; do
+         name=${v%%:*}; flags=${v#*:}
+         if [ "$name" = base ]; then
+           [ -d .ab_base/kevin_jax ] || { echo "no .ab_base: run part prep here and carry .ab_base" >&2; exit 2; }
+           stages+=("base$round=$limit=python3 .ab_base/$prof $flags --out \$OUT/base$round")
+         else
+           stages+=("$name$round=$limit=python3 $prof $flags --out \$OUT/$name$round")
+         fi
+       done
+     done
+     exec bash experiments/gpu_session.sh "${stages[@]}" ;;
+  4a) exec bash experiments/gpu_session.sh \
+       "bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
+--out \$OUT/bench_sampler" ;;
   4) exec bash experiments/gpu_session.sh \
        "bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler" ;;
-  *) echo "usage: $0 prep|1|2|3|4 (see the header)" >&2; exit 2 ;;
+  *) echo "usage: $0 prep|1|2|3 [NAME:FLAGS ...]|4a|4 (see the header)" >&2; exit 2 ;;
 esac

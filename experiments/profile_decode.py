@@ -30,6 +30,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 from flax import nnx  # pylint: disable=wrong-import-position
 
 from experiments import xla_profile  # pylint: disable=wrong-import-position
+from kevin_jax.policy import decode_attention as decode_attention_module  # pylint: disable=wrong-import-position
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_attention import SlotRanges, decode_attention  # pylint: disable=wrong-import-position
 from kevin_jax.policy.model import Qwen2, _decode_attend  # pylint: disable=wrong-import-position
@@ -140,13 +141,23 @@ def main():
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   ap.add_argument("--no-attention", action="store_true", help="skip the decode-attention microbenchmark")
+  ap.add_argument("--attn-balance", default=None, type=int, choices=(0, 1),
+                  help="decode_attention.BALANCE for this process (default: the module's)")
+  ap.add_argument("--attn-merge", default=None, choices=("reduce", "unrolled"),
+                  help="decode_attention.MERGE for this process (default: the module's)")
   a = ap.parse_args()
+  # Call-time defaults of the decode-attention kernel, set before anything is traced.
+  if a.attn_balance is not None:
+    decode_attention_module.BALANCE = bool(a.attn_balance)
+  if a.attn_merge is not None:
+    decode_attention_module.MERGE = a.attn_merge
   os.makedirs(a.out, exist_ok=True)
   batches = [int(x) for x in a.batches.split(",")]
   cfg = get_preset(MODELS[a.model])
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": a.model,
          "decode_mlp": a.decode_mlp, "decode_down": a.decode_down, "decode_fusion": bool(a.decode_fusion),
-         "decode_qkv": a.decode_qkv, "decode_out": a.decode_out, "attention": [], "generate": []}
+         "decode_qkv": a.decode_qkv, "decode_out": a.decode_out, "attn_balance": decode_attention_module.BALANCE,
+         "attn_merge": decode_attention_module.MERGE, "attention": [], "generate": []}
   for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
@@ -168,7 +179,8 @@ def main():
     json.dump(res, f, indent=1)
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, decode_mlp={a.decode_mlp}, "
         f"decode_down={a.decode_down}, decode_fusion={a.decode_fusion}, decode_qkv={a.decode_qkv}, "
-        f"decode_out={a.decode_out}):")
+        f"decode_out={a.decode_out}, attention balance={decode_attention_module.BALANCE} "
+        f"merge={decode_attention_module.MERGE}):")
   for r in res["attention"]:
     print(f"  attention B={r['batch']}: " + ", ".join(
         f"{k} {v['us']:.1f} us ({v['visible_GBps']:.0f} GB/s, diff {v['max_abs_diff_vs_xla']:.1e})" if "us" in v

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, supported
+from kevin_jax.policy import decode_attention as decode_attention_module
+from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, merge_splits, supported
 from kevin_jax.policy.model import _decode_attend
 from tests.test_common import assert_sampler_same_with_kernel
 
@@ -31,6 +32,53 @@ def test_matches_masked_einsum_fp32(splits, balance, gen_len):
   got = decode_attention(q, kc, vc, ranges, num_splits=splits, balance=balance, interpret=True)
   want = _decode_attend(q, kc, vc, ranges.mask(s), True)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits,balance", [(1, False), (3, False), (5, True), (8, True)])
+def test_unrolled_merge_matches_masked_einsum_fp32(splits, balance):
+  """merge='unrolled' (elementwise sums over the splits) gives the exact attention too, empty splits included
+  (8 balanced splits of the 3-4 visible blocks leave some with nothing)."""
+  q, kc, vc, s = _case(jnp.float32)
+  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(65), gen_start=128)
+  got = decode_attention(q, kc, vc, ranges, num_splits=splits, balance=balance, merge="unrolled", interpret=True)
+  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
+  """Both merges on hand-made partials: split 1 is empty (m = -1e30, l = 0, acc = 0) and must not count; the
+  result is sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), computed here in float64."""
+  rng = np.random.default_rng(1)
+  o = rng.standard_normal((2, 2, 3, 4, 8)).astype(np.float32)
+  m = rng.standard_normal((2, 2, 3, 4)).astype(np.float32) * 3
+  l = rng.uniform(0.5, 4.0, (2, 2, 3, 4)).astype(np.float32)
+  o[:, :, 1], m[:, :, 1], l[:, :, 1] = 0.0, -1e30, 0.0
+  w = np.exp(m.astype(np.float64) - m.max(axis=2, keepdims=True))
+  want = (o * w[..., None]).sum(axis=2) / (l * w).sum(axis=2)[..., None]
+  for merge in ("reduce", "unrolled"):
+    got = merge_splits(jnp.asarray(o), jnp.asarray(m), jnp.asarray(l), merge)
+    assert got.shape == (2, 2, 4, 8)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+
+
+def test_call_time_defaults_and_bad_merge(monkeypatch):
+  """balance=None / merge=None read the module's BALANCE / MERGE when called (a benchmark sets them before
+  tracing); an unknown merge is an error naming the choices."""
+  q, kc, vc, s = _case(jnp.float32, b=2)
+  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128]), gen_len=jnp.array(3), gen_start=128)
+  seen = []
+  real = decode_attention_module._decode_attention
+  monkeypatch.setattr(decode_attention_module, "_decode_attention",
+                      lambda *a, **kw: seen.append((kw["balance"], kw["merge"])) or real(*a, **kw))
+  monkeypatch.setattr(decode_attention_module, "BALANCE", True)
+  monkeypatch.setattr(decode_attention_module, "MERGE", "unrolled")
+  got = decode_attention(q, kc, vc, ranges, interpret=True)
+  decode_attention(q, kc, vc, ranges, balance=False, merge="reduce", interpret=True)
+  assert seen == [(True, "unrolled"), (False, "reduce")]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(_decode_attend(q, kc, vc, ranges.mask(s), True)),
+                             rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="merge must be one of"):
+    decode_attention(q, kc, vc, ranges, merge="sum", interpret=True)
 
 
 def test_bf16_cache_and_invisible_slots_ignored():
@@ -59,14 +107,14 @@ def test_sampler_same_tokens_with_the_kernel():
   assert_sampler_same_with_kernel("decode_attention", head_dim=16)
 
 
-@pytest.mark.parametrize("balance", [False, True])
+@pytest.mark.parametrize("balance,merge", [(False, "reduce"), (True, "reduce"), (True, "unrolled")])
 @pytest.mark.parametrize("slots", [2048, 1088])
-def test_lowers_to_triton(balance, slots):
+def test_lowers_to_triton(balance, merge, slots):
   """The kernel lowers through Pallas' Triton backend for a GPU target (on the CPU: no device needed) at the
   0.5B shape, B = 64, with a cache of a power of two of slots and not (1,024 prompt + 64 generated)."""
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
   ranges = SlotRanges(prompt_len_B=spec(64, dtype=jnp.int32), gen_len=spec(dtype=jnp.int32), gen_start=1024)
-  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance)
+  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, merge=merge)
   text = jax.jit(fn).trace(spec(64, 2, 7, 64), spec(64, 2, slots, 64), spec(64, 2, slots, 64), ranges).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1

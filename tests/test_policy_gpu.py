@@ -98,11 +98,11 @@ def test_greedy_on_gpu_equals_transformers(tmp_path, decode_down):
     assert toks == ref
 
 
-@pytest.mark.parametrize("balance", [False, True])
+@pytest.mark.parametrize("balance,merge", [(False, "reduce"), (True, "reduce"), (True, "unrolled")])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance):
+def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge):
   """The Triton-compiled kernel (not interpret mode) on a Qwen2.5-0.5B-shaped cache with ragged prompts, its
-  splits over fixed slot ranges or balanced over each row's visible blocks."""
+  splits over fixed slot ranges or balanced over each row's visible blocks, merged either way."""
   from kevin_jax.policy.decode_attention import SlotRanges, decode_attention  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.model import _decode_attend  # pylint: disable=g-import-not-at-top
   dev = _gpu()
@@ -114,7 +114,7 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance):
     vc = jnp.asarray(rng.standard_normal((b, k, p + n, h)), dtype)
     ranges = SlotRanges(prompt_len_B=jnp.asarray(rng.integers(1, p + 1, b), jnp.int32), gen_len=jnp.int32(333),
                         gen_start=p)
-    got = np.asarray(decode_attention(q, kc, vc, ranges, balance=balance), np.float32)
+    got = np.asarray(decode_attention(q, kc, vc, ranges, balance=balance, merge=merge), np.float32)
     with jax.default_matmul_precision("highest"):
       want = np.asarray(_decode_attend(q.astype(jnp.float32), kc.astype(jnp.float32), vc.astype(jnp.float32),
                                        ranges.mask(p + n), True), np.float32)

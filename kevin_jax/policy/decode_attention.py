@@ -16,6 +16,12 @@ an equal run of them, prompt blocks first): with fixed ranges, while the generat
 the prompt read whole ranges and those past it little or nothing. Not yet measured on a GPU, so off by default
 (BALANCE); experiments/bench_decode_attention.py times both (experiments/decode_kernels_ab.sh part 1).
 
+The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions over the split axis, which XLA
+runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third
+session); `merge='unrolled'` writes the same sums as a chain of elementwise ops over the splits' slices, which
+XLA's GEMM fusion may take into the o projection's operand, dropping that kernel. The two agree to fp32 rounding
+(tests); which is faster end to end is measured by experiments/profile_decode.py --attn-merge (not yet on a GPU).
+
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
 tests/test_policy_gpu.py on the GPU. Requirements (else callers use the XLA path; `supported` says which):
@@ -39,7 +45,11 @@ Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
+# Call-time defaults of decode_attention (read when it is called with balance=None / merge=None, so a benchmark
+# may set them before tracing; experiments/profile_decode.py --attn-balance / --attn-merge).
 BALANCE = False  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
+MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
+_MERGES = ("reduce", "unrolled")
 
 
 @jax.tree_util.register_dataclass
@@ -132,16 +142,49 @@ def padded_rows(groups: int) -> int:
   return max(16, -(-groups // 16) * 16)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "balance", "num_warps",
-                                             "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, balance: bool = BALANCE,
-                     num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Array:
+                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, balance: bool | None = None,
+                     merge: str | None = None, num_warps: int = 4, num_stages: int = 2,
+                     interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
   groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
-  so); G = groups.
+  so); G = groups. balance / merge: None takes the module's BALANCE / MERGE at call time.
   """
+  balance = BALANCE if balance is None else balance
+  merge = MERGE if merge is None else merge
+  if merge not in _MERGES:
+    raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
+  return _decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, ranges, block_k=block_k, num_splits=num_splits,
+                           groups=groups, balance=bool(balance), merge=merge, num_warps=num_warps,
+                           num_stages=num_stages, interpret=interpret)
+
+
+def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: str = "reduce") -> Array:
+  """The exact softmax output [B, K, G, H] (fp32) from the splits' partials: acc, running max and sum per split.
+
+  A split with nothing visible has m = _NEG and l = 0 and weighs exp(_NEG - max) = 0 (if any split saw a slot).
+  'reduce' uses reductions over the split axis; 'unrolled' the same sums as elementwise ops over the splits,
+  in split order (no reduce op: a GEMM fusion can take it as its operand's producer).
+  """
+  if merge == "reduce":
+    m_max = m_BxKxSxG.max(axis=2, keepdims=True)
+    w = jnp.exp(m_BxKxSxG - m_max)  # [B, K, splits, G]; 0 for empty splits
+    return (o_BxKxSxGxH * w[..., None]).sum(axis=2) / (l_BxKxSxG * w).sum(axis=2)[..., None]
+  splits = m_BxKxSxG.shape[2]
+  m = [m_BxKxSxG[:, :, s] for s in range(splits)]
+  m_max = functools.reduce(jnp.maximum, m)
+  w = [jnp.exp(ms - m_max) for ms in m]
+  num = functools.reduce(jnp.add, [o_BxKxSxGxH[:, :, s] * w[s][..., None] for s in range(splits)])
+  den = functools.reduce(jnp.add, [l_BxKxSxG[:, :, s] * w[s] for s in range(splits)])
+  return num / den[..., None]
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "balance", "merge", "num_warps",
+                                             "num_stages", "interpret"))
+def _decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *, block_k: int,
+                      num_splits: int, groups: int, balance: bool, merge: str, num_warps: int, num_stages: int,
+                      interpret: bool) -> Array:
   b, kh, g, h = q_BxKxGxH.shape
   if groups:
     if g != padded_rows(groups):
@@ -188,8 +231,4 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
     k_BxKxSxH, v_BxKxSxH)
   # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
   # the slice into the merge instead of launching a separate slice kernel per layer).
-  o, m, l = o[..., :g, :], m[..., :g], l[..., :g]
-  m_max = m.max(axis=2, keepdims=True)
-  w = jnp.exp(m - m_max)  # [B, K, splits, G]; 0 for empty splits
-  o = (o * w[..., None]).sum(axis=2) / (l * w).sum(axis=2)[..., None]
-  return o.astype(q_BxKxGxH.dtype)
+  return merge_splits(o[..., :g, :], m[..., :g], l[..., :g], merge).astype(q_BxKxGxH.dtype)
