@@ -50,6 +50,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   to 64 rows, batch a multiple of 16; +3.6 % decode tokens/s at 0.5B, batch 64) | xla | pallas.
   c.policy.decode_out = "xla"  # Decode o projection + residual add: xla | auto (one Pallas kernel on a GPU up to 64
   #   rows) | pallas. Opt-in: 1.2 % slower than without it, with decode_qkv on (0.5B, batch 64).
+  c.policy.decode_add_norm = "xla"  # Decode residual add after the MLP + the next RMSNorm: xla | auto (one Pallas
+  #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: not yet measured on a GPU.
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 

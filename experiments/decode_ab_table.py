@@ -13,9 +13,11 @@ import argparse
 import json
 import os
 
-SETTINGS = ("decode_mlp", "decode_down", "decode_qkv", "decode_out", "decode_fusion", "attn_balance", "attn_merge")
+SETTINGS = ("decode_mlp", "decode_down", "decode_qkv", "decode_out", "decode_add_norm", "decode_fusion",
+            "attn_balance", "attn_merge")
 # What runs recorded before a setting existed used (the settings they could not have changed).
-_OLD_DEFAULTS = {"decode_qkv": "xla", "decode_out": "xla", "attn_balance": False, "attn_merge": "reduce"}
+_OLD_DEFAULTS = {"decode_qkv": "xla", "decode_out": "xla", "decode_add_norm": "xla", "attn_balance": False,
+                 "attn_merge": "reduce"}
 
 
 def load(path: str) -> tuple[str, dict]:

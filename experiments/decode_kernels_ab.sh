@@ -7,11 +7,13 @@
 #                                               # eac7616's kevin_jax and profile scripts), for part 3's `base`
 #   bash experiments/decode_kernels_ab.sh 1     # the kernels alone, by block shape / warps / stages (attention: also
 #                                               # splits and balanced splits; down: also fewer F splits): attention,
-#                                               # q/k/v, MLP. Make the winners the defaults before part 3.
+#                                               # q/k/v, MLP, the residual add + norm. Make the winners the defaults
+#                                               # before part 3.
 #   bash experiments/decode_kernels_ab.sh 3 [NAME:FLAGS ...]
 #                                               # profile_decode at B = 64, one process per variant, the variants
 #                                               # alternated twice; NAME:FLAGS adds profile_decode flags (the
 #                                               # default set: see PART3 below); NAME `base` runs .ab_base's tree
+#   bash experiments/decode_kernels_ab.sh 3b    # part 3 with PART3B's variants (the o projection kernel)
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
 #   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64
 #   bash experiments/decode_kernels_ab.sh 4     # the issue's whole benchmark table (0.5B and 1.5B, B 64/256)
@@ -23,7 +25,7 @@ cd "$(dirname "$0")/.."
 BASE=eac7616  # the last tree measured end to end (twenty-third session: 44,978 tok/s in bench_sampler)
 prof="experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"
 gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py \
-tests/test_policy_gpu.py"
+tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py"
 attn="64x0x4x2x0,64x0x4x2x1,64x0x4x3x1,64x0x4x4x1,128x0x4x3x1,128x0x8x3x1,64x8x4x3x1,64x1x4x4x1,64x2x4x4x1,\
 64x0x2x3x1"
 qkv="64x16x4x3,16x16x4x3,64x16x4x5,64x16x4x7,16x16x4x7,32x16x4x7,16x16x2x7"
@@ -33,21 +35,29 @@ front="64x128x4x3,64x128x4x5,64x128x4x7,32x128x4x5,32x128x4x7"
 down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5,16x64x4x4x3,16x64x4x4x5,32x64x4x4x3,\
 16x64x2x4x5,64x64x4x4x5"
 # Part 3's default variants: the tree's defaults; the attention's splits merged by elementwise ops (which XLA may
-# fuse into the o projection); balanced splits (both merges); XLA's multi-output fusions (SamplerConfig.decode_fusion).
-PART3=("new:" "unrolled:--attn-merge unrolled" "balance:--attn-balance 1" \
-       "bal_unrolled:--attn-balance 1 --attn-merge unrolled" "fusion:--decode-fusion 1")
+# fuse into the o projection); balanced splits; the residual add + next norm kernel; XLA's multi-output fusions
+# (SamplerConfig.decode_fusion). PART3B: the o projection + residual kernel (decode_out), alone and with the add +
+# norm kernel (together they leave XLA only the post-attention norm between kernels); both attention options.
+PART3=("new:" "unrolled:--attn-merge unrolled" "balance:--attn-balance 1" "addnorm:--decode-add-norm pallas" \
+       "fusion:--decode-fusion 1")
+PART3B=("new:" "oproj:--decode-out pallas" "oproj_addnorm:--decode-out pallas --decode-add-norm pallas" \
+        "bal_unrolled:--attn-balance 1 --attn-merge unrolled")
 case "${1:-}" in
   prep) rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax experiments/profile_decode.py \
           experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;
   1) exec bash experiments/gpu_session.sh \
-       "attn=240=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
-       "qkv=120=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
+       "attn=220=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
+       "qkv=110=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
        "mlp=150=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --configs $front \
---down-configs $down --out \$OUT/mlp" ;;
+--down-configs $down --out \$OUT/mlp" \
+       "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm" ;;
   2) exec bash experiments/gpu_session.sh \
        "gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests" ;;
-  3) shift
-     variants=("$@"); [ ${#variants[@]} -gt 0 ] || variants=("${PART3[@]}")
+  3|3b) part=$1; shift
+     variants=("$@")
+     if [ ${#variants[@]} -eq 0 ]; then
+       if [ "$part" = 3b ]; then variants=("${PART3B[@]}"); else variants=("${PART3[@]}"); fi
+     fi
      limit=$(( 540 / (2 * ${#variants[@]}) ))  # each run took 25-31 s in the twenty-third session
      stages=()
      for round in 1 2; do
@@ -67,5 +77,5 @@ case "${1:-}" in
 --out \$OUT/bench_sampler" ;;
   4) exec bash experiments/gpu_session.sh \
        "bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler" ;;
-  *) echo "usage: $0 prep|1|2|3 [NAME:FLAGS ...]|4a|4 (see the header)" >&2; exit 2 ;;
+  *) echo "usage: $0 prep|1|2|3 [NAME:FLAGS ...]|3b|4a|4 (see the header)" >&2; exit 2 ;;
 esac

@@ -6,8 +6,8 @@
   both sampler tests run with the decode step's down projection as XLA's einsum and as the split Pallas kernel
   (ModelConfig.decode_down).
 - the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches);
-- the fused decode q/k/v kernel (ModelConfig.decode_qkv) in the sampler: the XLA path's greedy tokens in fp32, a
-  float32 forward pass's log-probs in bf16.
+- the fused decode q/k/v kernel (ModelConfig.decode_qkv) and the residual add + norm kernel (decode_add_norm) in
+  the sampler: the XLA path's greedy tokens in fp32, a float32 forward pass's log-probs in bf16.
 """
 
 import jax
@@ -122,19 +122,21 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge):
   np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_qkv_kernel_sampler_on_gpu(tmp_path, dtype):
-  """ModelConfig.decode_qkv='pallas' (the fused q/k/v projection, RoPE and cache write, compiled by Triton) with
-  the Pallas decode attention, 16 rows (the kernel's smallest batch): the greedy tokens of the XLA path in fp32;
-  in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
+def test_decode_kernel_sampler_on_gpu(tmp_path, dtype, field):
+  """ModelConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
+  q/k/v kernel's smallest batch): decode_qkv (the fused q/k/v projection, RoPE and cache write) and decode_add_norm
+  (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on). The greedy tokens of the XLA
+  path in fp32; in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
   dev = _gpu()
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
   prompts = [list(np.random.RandomState(n).randint(0, 512, n)) for n in range(3, 19)]
   outs = {}
   with jax.default_device(dev), jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
     for impl in ("xla", "pallas"):
-      model = load_pretrained(tmp_path, dtype=dtype, compute_dtype=dtype, decode_qkv=impl,
-                              decode_attention="pallas")
+      model = load_pretrained(tmp_path, dtype=dtype, compute_dtype=dtype, decode_attention="pallas",
+                              **{field: impl})
       cfg = SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype=dtype)
       outs[impl] = Sampler(model.cfg, None, cfg).generate(model, prompts, seed=0, temperature=0.0,
                                                           max_new_tokens=48, eos_ids=[])

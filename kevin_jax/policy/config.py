@@ -23,6 +23,7 @@ _DECODE_MLP = ("auto", "xla", "pallas", "interpret")
 _DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
 _DECODE_QKV = ("auto", "xla", "pallas", "interpret")
 _DECODE_OUT = ("auto", "xla", "pallas", "interpret")
+_DECODE_ADD_NORM = ("auto", "xla", "pallas", "interpret")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -72,6 +73,10 @@ class ModelConfig:
       shape rules hold and the batch is at most decode_oproj.MAX_ROWS, else 'xla') | 'pallas' | 'interpret'.
       Opt-in: with decode_qkv on, it made the decode step 1.2 % slower on the 0.5B shape at batch 64 (BENCHMARKS.md
       "Sampler", twenty-third session).
+    decode_add_norm: the residual add after the MLP and the next RMSNorm (the next layer's input norm, or the final
+      norm) in a one-token decode step: 'xla' (the default: XLA's fusions) | 'auto' (the one Pallas kernel of
+      policy/decode_add_norm.py, which also sums decode_down's partials, on a GPU when fp32_upcast is on and its
+      shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in until measured on a GPU.
   """
 
   vocab_size: int
@@ -95,6 +100,7 @@ class ModelConfig:
   decode_down: str = "auto"
   decode_qkv: str = "auto"
   decode_out: str = "xla"
+  decode_add_norm: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -123,6 +129,12 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.decode_qkv must be one of {_DECODE_QKV}, got {self.decode_qkv!r}")
     if self.decode_out not in _DECODE_OUT:
       raise ValueError(f"ModelConfig.decode_out must be one of {_DECODE_OUT}, got {self.decode_out!r}")
+    if self.decode_add_norm not in _DECODE_ADD_NORM:
+      raise ValueError(f"ModelConfig.decode_add_norm must be one of {_DECODE_ADD_NORM}, "
+                       f"got {self.decode_add_norm!r}")
+    if self.decode_add_norm in ("pallas", "interpret") and not self.fp32_upcast:
+      raise ValueError(f"ModelConfig.decode_add_norm={self.decode_add_norm!r} computes the norm in fp32: it needs "
+                       "fp32_upcast=True")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 

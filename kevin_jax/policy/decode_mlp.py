@@ -114,6 +114,17 @@ def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int 
               block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
   """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (0 = pick_splits) into fp32 partials
   summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D)."""
+  partials = down_partials(h_BxF, w_down_FxD, splits=splits, block_n=block_n, block_k=block_k, block_m=block_m,
+                           num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+  return partials.sum(0)[:h_BxF.shape[0]].astype(h_BxF.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
+                                             "interpret"))
+def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int = 64, block_k: int = 64,
+                  block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
+  """down_proj's fp32 partials before XLA's sum: [splits, R, D], R >= B the rows padded to the kernel's row tiles
+  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
   b, f = h_BxF.shape
   d = w_down_FxD.shape[1]
   if w_down_FxD.shape[0] != f:
@@ -127,7 +138,7 @@ def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int 
   ks = f // splits
   mp, bm = decode_tiles.row_tiles(b, block_m)
   h = jnp.pad(h_BxF.astype(w_down_FxD.dtype), ((0, mp - b), (0, 0)))
-  partials = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_down_kernel, block_k=block_k),
       grid=(mp // bm, d // block_n, splits),
       in_specs=[
@@ -140,4 +151,3 @@ def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int 
       interpret=interpret,
       name="kevin_decode_down",
   )(h, w_down_FxD)
-  return partials.sum(0)[:b].astype(h_BxF.dtype)

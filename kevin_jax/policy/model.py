@@ -39,8 +39,10 @@ padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
 policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
 RoPE and cache write may run as one after XLA's input RMSNorm (cfg.decode_qkv, policy/decode_qkv.py), and its o
-projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py). So Attention and MLP take
-the residual stream and their norm. Multi-token calls, and so every gradient, use the einsums.
+projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py), and the residual add after the
+MLP with the next layer's input norm as a third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then
+takes that normed input). So Attention and MLP take the residual stream and their norm. Multi-token calls, and so
+every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -72,6 +74,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kevin_jax.policy import decode_add_norm
 from kevin_jax.policy import decode_attention
 from kevin_jax.policy import decode_mlp
 from kevin_jax.policy import decode_oproj
@@ -232,6 +235,11 @@ def _decode_out_impl(cfg: ModelConfig, rows: int) -> str:
                   and rows <= decode_oproj.MAX_ROWS)
 
 
+def _decode_add_norm_impl(cfg: ModelConfig) -> str:
+  """cfg.decode_add_norm for a one-token decode step, 'auto' resolved."""
+  return _resolve(cfg.decode_add_norm, decode_add_norm.supported(cfg.hidden_size) and cfg.fp32_upcast)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -269,21 +277,23 @@ class Attention(nnx.Module):
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
 
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
-               cache_kv: tuple[Array, Array, Array, Array | None] | None, norm: RMSNorm
-               ) -> tuple[Array, tuple[Array, Array] | None]:
+               cache_kv: tuple[Array, Array, Array, Array | None] | None, norm: RMSNorm,
+               normed_BxTxD: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
     """x + attention(norm(x)), and the updated (k, v) cache or None. x is the residual stream: a decode step's
-    output-projection kernel may apply the residual add itself (cfg.decode_out)."""
+    output-projection kernel may apply the residual add itself (cfg.decode_out). normed_BxTxD: norm(x) when the
+    caller has it already (cfg.decode_add_norm's kernel computes it with the previous layer's residual add)."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
+    normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
     if qkv != "xla":
-      # The norm stays XLA's fusion: inside the kernel (x * scale before the dots) it made the kernel slower than
-      # the separate fusion (BENCHMARKS.md "Sampler", twenty-third session).
-      o_BxKxGxH, new_kv = self._fused_decode(norm(x_BxTxD)[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT,
+      # The norm stays outside the kernel: inside it (x * scale before the dots) it made the kernel slower than
+      # XLA's separate fusion (BENCHMARKS.md "Sampler", twenty-third session).
+      o_BxKxGxH, new_kv = self._fused_decode(normed[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT,
                                              cache_kv, interpret=qkv == "interpret")
       o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     else:
-      o_BxTxNxH, new_kv = self._attend_xla(norm(x_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
+      o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
     w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
     out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     if out != "xla":
@@ -357,22 +367,35 @@ class MLP(nnx.Module):
     return (_resolve(cfg.decode_mlp, fits),
             _resolve(cfg.decode_down, fits and cfg.hidden_size <= decode_mlp.AUTO_DOWN_MAX_D))
 
-  def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
-    """The MLP of norm(x), x the residual stream."""
+  def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
+    """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
     dt = self.cfg.compute_jnp_dtype
-    b, t, _ = x_BxTxD.shape
-    wg, wu, wd = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel, self.down_kernel))
-    # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
-    front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
+    wg, wu = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel))
     if front == "xla":
       x = norm(x_BxTxD).astype(dt)
-      h_BxTxF = jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
-    else:
-      h_BxTxF = decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu,
-                                        interpret=front == "interpret")[:, None]
+      return jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
+    return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
+
+  def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
+    """The MLP of norm(x), x the residual stream."""
+    b, t, _ = x_BxTxD.shape
+    # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
+    front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
+    h_BxTxF = self._front(x_BxTxD, norm, front)
+    wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
     if down == "xla":
       return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
     return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
+
+  def decode_partials(self, x_BxD: Array, norm: RMSNorm) -> Array:
+    """A decode step's MLP of norm(x) ([B, D] rows) as terms to sum: decode_mlp.down_partials' fp32 [S, R >= B, D]
+    with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y)."""
+    front, down = self._decode_impls(x_BxD.shape[0])
+    h_BxF = self._front(x_BxD[:, None], norm, front)[:, 0]
+    wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
+    if down == "xla":
+      return jnp.einsum("bf,fd->bd", h_BxF, wd)[None]
+    return decode_mlp.down_partials(h_BxF, wd, interpret=down == "interpret")
 
 
 class DecoderLayer(nnx.Module):
@@ -386,6 +409,17 @@ class DecoderLayer(nnx.Module):
     h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
     h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
     return h_BxTxD, new_kv
+
+  def decode_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD, next_norm: RMSNorm,
+                      interpret: bool):
+    """A decode step (T == 1) whose residual add after the MLP and `next_norm` run as decode_add_norm's one kernel:
+    (h, the updated (k, v) cache, next_norm(h)). normed_BxTxD: this layer's input norm of h if the previous layer
+    computed it, else None."""
+    h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm, normed_BxTxD)
+    y_SxRxD = self.mlp.decode_partials(h_BxTxD[:, 0], self.post_attn_norm)
+    h_BxD, x_BxD = decode_add_norm.add_norm(h_BxTxD[:, 0], y_SxRxD, next_norm.scale[...], next_norm.eps,
+                                            interpret=interpret)
+    return h_BxD[:, None], new_kv, x_BxD[:, None]
 
 
 class Embed(nnx.Module):
@@ -461,6 +495,19 @@ class Qwen2(nnx.Module):
     h_BxTxD = self._embed(tokens_BxT)
     new_k, new_v = [], []
     slot = jnp.asarray(cache_slot, jnp.int32)
+    add_norm = _decode_add_norm_impl(self.cfg) if tokens_BxT.shape[1] == 1 else "xla"
+    if add_norm != "xla":
+      # Each layer ends with the residual add and the next norm in one kernel: the next layer's input norm, and
+      # after the last layer the final norm, whose output this returns.
+      normed = None
+      for i, layer in enumerate(self.layers):
+        next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
+        h_BxTxD, (k, v), normed = layer.decode_add_norm(
+            h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot, cache_mask_BxS), normed,
+            next_norm, interpret=add_norm == "interpret")
+        new_k.append(k)
+        new_v.append(v)
+      return normed, KVCache(k=new_k, v=new_v)
     for i, layer in enumerate(self.layers):
       h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot,
                                                                        cache_mask_BxS))
