@@ -1,6 +1,8 @@
 """The decode step's MLP kernels alone, XLA against Pallas (policy/decode_mlp.py) for several block shapes:
 `front`, silu(x W_gate) * (x W_up) (XLA: two einsums + the elementwise kernel, as policy/model.py's MLP), and
-`down`, h W_down (XLA: one einsum; Pallas: split along F into fp32 partials that XLA sums, experimental).
+`down`, h W_down (XLA: one einsum; Pallas: split along F into fp32 partials that XLA sums); and the attention's
+`oproj`, x + o W_o (XLA: the einsum and the add; Pallas: policy/decode_oproj.py, ModelConfig.decode_out), timed on
+a [B, D] x [D, D] shape (N * H = D in every Qwen2) with o itself as the residual.
 
   JAX_PLATFORMS=cuda,cpu python3 experiments/bench_decode_mlp.py --out $OUT/decode_mlp
 
@@ -25,6 +27,7 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 from kevin_jax.policy.decode_mlp import down_proj, swiglu_front  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode_oproj import out_proj_residual  # pylint: disable=wrong-import-position
 
 SHAPES = {"0.5b": (896, 4864), "1.5b": (1536, 8960), "small": (512, 1536)}
 
@@ -103,8 +106,25 @@ def xla_down(h, wd):
   return jnp.einsum("bf,fd->bd", h, wd)
 
 
+def xla_oproj(o, w):
+  return o + jnp.einsum("bk,kd->bd", o, w)
+
+
+def _oproj(o, w, **kw):
+  """out_proj_residual on [B, D] o (viewed as D / 64 heads of 64) and [D, D] w, o as the residual."""
+  b, d = o.shape
+  return out_proj_residual(o.reshape(b, d // 64, 64), w.reshape(d // 64, 64, d), o, **kw)
+
+
 def _versions(part: str, configs: str, interpret: bool = False) -> dict:
   """name -> fn(x, *weights) for one part: XLA's, then one Pallas version per config string."""
+  if part == "oproj":
+    versions = {"xla": xla_oproj}
+    for c in configs.split(","):
+      bn, bk, nw, ns = (int(v) for v in c.split("x"))
+      versions[f"pallas {c}"] = (lambda o_, w_, bn=bn, bk=bk, nw=nw, ns=ns: _oproj(
+          o_, w_, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, interpret=interpret))
+    return versions
   if part == "front":
     versions = {"xla": xla_front}
     for c in configs.split(","):
@@ -127,12 +147,15 @@ def main(argv=None) -> None:
   ap.add_argument("--batches", default="64,256")
   ap.add_argument("--layers", type=int, default=16, help="weight sets per pass (16 x 17 MB > the 50 MB L2)")
   ap.add_argument("--reps", type=int, default=50)
-  ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU) and/or down (down projection)")
+  ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU), down (down projection), oproj "
+                  "(the attention's o projection + residual)")
   ap.add_argument("--configs", default="32x128x4x3,16x128x4x3,64x128x4x3,32x64x4x3,32x128x8x3,32x128x4x4",
                   help="front's Pallas versions: block_n x block_d x num_warps x num_stages, comma-separated")
   ap.add_argument("--down-configs", default="64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,32x64x0x4x3,"
                   "64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = auto) x num_warps x "
                   "num_stages")
+  ap.add_argument("--oproj-configs", default="16x128x4x3,16x128x4x5,16x128x4x7,32x128x4x5,16x64x4x7",
+                  help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages (the first: the default)")
   add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
@@ -149,8 +172,11 @@ def main(argv=None) -> None:
       elif part == "down":
         weights = ([weight(f, d) for _ in range(a.layers)],)
         width, configs = f, a.down_configs
+      elif part == "oproj":
+        weights = ([weight(d, d) for _ in range(a.layers)],)
+        width, configs = d, a.oproj_configs
       else:
-        raise SystemExit(f"--parts: unknown part {part!r} (front, down)")
+        raise SystemExit(f"--parts: unknown part {part!r} (front, down, oproj)")
       weight_bytes = sum(w[0].size for w in weights) * 2
       for b in (int(s) for s in a.batches.split(",")):
         x = jnp.asarray(rng.standard_normal((b, width), np.float32), jnp.bfloat16)

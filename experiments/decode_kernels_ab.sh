@@ -7,8 +7,8 @@
 #                                               # eac7616's kevin_jax and profile scripts), for part 3's `base`
 #   bash experiments/decode_kernels_ab.sh 1     # the kernels alone, by block shape / warps / stages (attention: also
 #                                               # splits and balanced splits; down: also fewer F splits): attention,
-#                                               # q/k/v, MLP, the residual add + norm. Make the winners the defaults
-#                                               # before part 3.
+#                                               # q/k/v, MLP, o projection, the residual add + norm. Make the
+#                                               # winners the defaults before part 3.
 #   bash experiments/decode_kernels_ab.sh 3 [NAME:FLAGS ...]
 #                                               # profile_decode at B = 64, one process per variant, the variants
 #                                               # alternated twice; NAME:FLAGS adds profile_decode flags (the
@@ -46,10 +46,10 @@ case "${1:-}" in
   prep) rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax experiments/profile_decode.py \
           experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;
   1) exec bash experiments/gpu_session.sh \
-       "attn=220=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
+       "attn=200=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
        "qkv=110=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
-       "mlp=150=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --configs $front \
---down-configs $down --out \$OUT/mlp" \
+       "mlp=170=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
+--configs $front --down-configs $down --out \$OUT/mlp" \
        "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm" ;;
   2) exec bash experiments/gpu_session.sh \
        "gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests" ;;
