@@ -12,7 +12,11 @@
 #   bash experiments/decode_kernels_ab.sh 3 [NAME:FLAGS ...]
 #                                               # profile_decode at B = 64, one process per variant, the variants
 #                                               # alternated twice; NAME:FLAGS adds profile_decode flags (the
-#                                               # default set: see PART3 below); NAME `base` runs .ab_base's tree
+#                                               # default set: see PART3 below); NAME `base` runs .ab_base's tree.
+#                                               # A kernel's options without changing its defaults, e.g. part 1's
+#                                               # winners: 'st5:--kernel-opts "decode_mlp.swiglu_front:num_stages=5;
+#                                               # decode_qkv.qkv_rope_cache:block_m=16"' (quote the value: it holds
+#                                               # ';'); with decode_add_norm the down kernel is down_partials
 #   bash experiments/decode_kernels_ab.sh 3b    # part 3 with PART3B's variants (the o projection kernel)
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
 #   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64

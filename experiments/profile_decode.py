@@ -32,7 +32,7 @@ from flax import nnx  # pylint: disable=wrong-import-position
 from experiments import xla_profile  # pylint: disable=wrong-import-position
 from kevin_jax.policy import decode_attention as decode_attention_module  # pylint: disable=wrong-import-position
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
-from kevin_jax.policy.decode_attention import SlotRanges, decode_attention  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode_attention import SlotRanges  # pylint: disable=wrong-import-position
 from kevin_jax.policy.model import Qwen2, _decode_attend  # pylint: disable=wrong-import-position
 from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=wrong-import-position
 
@@ -48,7 +48,7 @@ def attention_bench(b: int, p: int, new: int, gen_visible: int, reps: int, cfg) 
   vc = jax.random.normal(jax.random.fold_in(key, 2), (b, k_heads, s, h), jnp.bfloat16)
   ranges = SlotRanges(prompt_len_B=jnp.full((b,), p, jnp.int32), gen_len=jnp.int32(gen_visible), gen_start=p)
   fns = {"xla": lambda q_: _decode_attend(q_, kc, vc, ranges.mask(s), True),
-         "pallas": lambda q_: decode_attention(q_, kc, vc, ranges)}
+         "pallas": lambda q_: decode_attention_module.decode_attention(q_, kc, vc, ranges)}  # --kernel-opts apply
   out = {"batch": b, "slots": s, "visible": p + gen_visible}
   visible_bytes = 2 * b * k_heads * (p + gen_visible) * h * 2
   ref = None
@@ -71,6 +71,38 @@ def attention_bench(b: int, p: int, new: int, gen_visible: int, reps: int, cfg) 
     print(f"[attn] B={b} S={s} visible={p + gen_visible} {name}: {us:8.1f} us/call, "
           f"{visible_bytes / us / 1e3:7.0f} GB/s over visible K/V, |diff| {err:.2e}", flush=True)
   return out
+
+
+def parse_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
+  """'decode_mlp.swiglu_front:num_stages=5;decode_attention.decode_attention:num_splits=1,merge=unrolled' ->
+  [(module, function, {keyword: value})]; integer values become ints. The modules are kevin_jax.policy's."""
+  out = []
+  for part in filter(None, (p.strip() for p in spec.split(";"))):
+    target, _, kws = part.partition(":")
+    module, _, fn = target.partition(".")
+    if not (module and fn and kws):
+      raise ValueError(f"--kernel-opts: expected module.function:key=value,..., got {part!r}")
+    opts = {}
+    for kv in kws.split(","):
+      key, eq, value = kv.partition("=")
+      if not eq:
+        raise ValueError(f"--kernel-opts: expected key=value, got {kv!r} in {part!r}")
+      opts[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    out.append((module, fn, opts))
+  return out
+
+
+def apply_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
+  """Rebinds each named kernel function of kevin_jax.policy.<module> to a functools.partial with the keywords, for
+  this process: the model looks its kernels up on their modules at call time, so a decode step traced afterwards
+  uses them (a kernel's block shapes, stages or splits, end to end, without changing its defaults)."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  opts = parse_kernel_opts(spec)
+  for module, fn, kw in opts:
+    mod = importlib.import_module(f"kevin_jax.policy.{module}")
+    setattr(mod, fn, functools.partial(getattr(mod, fn), **kw))
+  return opts
 
 
 def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
@@ -148,7 +180,11 @@ def main():
                   help="decode_attention.BALANCE for this process (default: the module's)")
   ap.add_argument("--attn-merge", default=None, choices=("reduce", "unrolled"),
                   help="decode_attention.MERGE for this process (default: the module's)")
+  ap.add_argument("--kernel-opts", default="", help="keyword arguments for decode kernels in this process, e.g. "
+                  "'decode_mlp.swiglu_front:num_stages=5;decode_attention.decode_attention:num_splits=1' "
+                  "(module.function of kevin_jax.policy: key=value,...; see apply_kernel_opts)")
   a = ap.parse_args()
+  kernel_opts = apply_kernel_opts(a.kernel_opts)
   # Call-time defaults of the decode-attention kernel, set before anything is traced.
   if a.attn_balance is not None:
     decode_attention_module.BALANCE = bool(a.attn_balance)
@@ -161,7 +197,7 @@ def main():
          "decode_mlp": a.decode_mlp, "decode_down": a.decode_down, "decode_fusion": bool(a.decode_fusion),
          "decode_qkv": a.decode_qkv, "decode_out": a.decode_out, "decode_add_norm": a.decode_add_norm,
          "attn_balance": decode_attention_module.BALANCE,
-         "attn_merge": decode_attention_module.MERGE, "attention": [], "generate": []}
+         "attn_merge": decode_attention_module.MERGE, "kernel_opts": a.kernel_opts, "attention": [], "generate": []}
   for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
@@ -185,7 +221,8 @@ def main():
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, decode_mlp={a.decode_mlp}, "
         f"decode_down={a.decode_down}, decode_fusion={a.decode_fusion}, decode_qkv={a.decode_qkv}, "
         f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, "
-        f"attention balance={decode_attention_module.BALANCE} merge={decode_attention_module.MERGE}):")
+        f"attention balance={decode_attention_module.BALANCE} merge={decode_attention_module.MERGE}, "
+        f"kernel options {kernel_opts}):")
   for r in res["attention"]:
     print(f"  attention B={r['batch']}: " + ", ".join(
         f"{k} {v['us']:.1f} us ({v['visible_GBps']:.0f} GB/s, diff {v['max_abs_diff_vs_xla']:.1e})" if "us" in v
