@@ -40,10 +40,10 @@ def _xla_path(h, y, scale):
 
 @pytest.mark.parametrize("b,d,splits,rows,block_m,block_d", [(64, 896, 19, 64, 1, 128), (5, 96, 3, 16, 1, 32),
                                                              (24, 256, 1, 24, 4, 128), (12, 48, 4, 16, 8, 128),
-                                                             (1, 64, 2, 16, 1, 64)])
+                                                             (1, 64, 2, 16, 1, 64), (6, 64, 2, 8, 3, 64)])
 def test_matches_reference_fp32(b, d, splits, rows, block_m, block_d):
   """Rows past B in y (a kernel's padding: here 16 for B = 5 and 12) are ignored; block_m 8 with B = 12 takes rows
-  4 at a time; block_d 128 for D = 48 halves to 16."""
+  4 at a time, block_m 3 with B = 6 two at a time; block_d 128 for D = 48 halves to 16."""
   h, y, scale = _case(b, d, splits, rows, jnp.float32)
   y = y.at[:, b:].set(1e6)  # must not be read
   got_h, got_x = add_norm(h, y, scale, EPS, block_m=block_m, block_d=block_d, interpret=True)

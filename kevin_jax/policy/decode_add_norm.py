@@ -78,7 +78,9 @@ def add_norm(h_BxD: Array, y_SxRxD: Array, scale_D: Array, eps: float, *, block_
   block_d = pick_block(d, block_d)
   if not block_d:
     raise ValueError(f"add_norm needs D ({d}) a multiple of 16")
-  bm = min(block_m, b & -b)  # the largest power of two <= block_m dividing B
+  bm = 1  # rows per program: the largest power of two <= block_m dividing B
+  while bm * 2 <= block_m and b % (bm * 2) == 0:
+    bm *= 2
   out = jax.ShapeDtypeStruct((b, d), h_BxD.dtype)
   return tuple(pl.pallas_call(
       functools.partial(_kernel, block_d=block_d, eps=float(eps)),
