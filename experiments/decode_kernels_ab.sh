@@ -7,8 +7,9 @@
 #                                               # eac7616's kevin_jax and profile scripts), for part 3's `base`
 #   bash experiments/decode_kernels_ab.sh 1     # the kernels alone, by block shape / warps / stages (attention: also
 #                                               # splits and balanced splits; down: also fewer F splits): attention,
-#                                               # q/k/v, MLP, o projection, the residual add + norm. Make the
-#                                               # winners the defaults before part 3.
+#                                               # q/k/v, MLP, o projection, the residual add + norm.
+#                                               # `python3 experiments/decode_winners.py <files_at>` (after untarring
+#                                               # all.tar.gz) prints the winners and part 3's command for them.
 #   bash experiments/decode_kernels_ab.sh 3 [NAME:FLAGS ...]
 #                                               # profile_decode at B = 64, one process per variant, the variants
 #                                               # alternated twice; NAME:FLAGS adds profile_decode flags (the
