@@ -128,9 +128,10 @@ def _versions(part: str, configs: str, interpret: bool = False) -> dict:
   if part == "front":
     versions = {"xla": xla_front}
     for c in configs.split(","):
-      bn, bd, nw, ns = (int(v) for v in c.split("x"))
-      versions[f"pallas {c}"] = (lambda x_, g_, u_, bn=bn, bd=bd, nw=nw, ns=ns: swiglu_front(
-          x_, g_, u_, block_n=bn, block_d=bd, num_warps=nw, num_stages=ns, interpret=interpret))
+      bn, bd, nw, ns, *bm = (int(v) for v in c.split("x"))  # an optional fifth field: block_m
+      versions[f"pallas {c}"] = (lambda x_, g_, u_, bn=bn, bd=bd, nw=nw, ns=ns, bm=bm: swiglu_front(
+          x_, g_, u_, block_n=bn, block_d=bd, num_warps=nw, num_stages=ns, interpret=interpret,
+          **({"block_m": bm[0]} if bm else {})))
     return versions
   versions = {"xla": xla_down}
   for c in configs.split(","):
@@ -150,7 +151,8 @@ def main(argv=None) -> None:
   ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU), down (down projection), oproj "
                   "(the attention's o projection + residual)")
   ap.add_argument("--configs", default="32x128x4x3,16x128x4x3,64x128x4x3,32x64x4x3,32x128x8x3,32x128x4x4",
-                  help="front's Pallas versions: block_n x block_d x num_warps x num_stages, comma-separated")
+                  help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m], "
+                  "comma-separated")
   ap.add_argument("--down-configs", default="64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,32x64x0x4x3,"
                   "64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = auto) x num_warps x "
                   "num_stages")

@@ -34,7 +34,9 @@ tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py"
 attn="64x0x4x2x0,64x0x4x2x1,64x0x4x3x1,64x0x4x4x1,128x0x4x3x1,128x0x8x3x1,64x8x4x3x1,64x1x4x4x1,64x2x4x4x1,\
 64x0x2x3x1"
 qkv="64x16x4x3,16x16x4x3,64x16x4x5,64x16x4x7,16x16x4x7,32x16x4x7,16x16x2x7"
-front="64x128x4x3,64x128x4x5,64x128x4x7,32x128x4x5,32x128x4x7"
+# front: block_n x block_d x warps x stages [x block_m]; F / 64 = 76 programs at 0.5B leave 56 of 132 SMs idle,
+# 32-row blocks give 152 (each weight tile read twice, the second time from L2)
+front="64x128x4x3,64x128x4x5,64x128x4x7,32x128x4x5,32x128x4x7,64x128x4x5x32,64x128x4x7x32"
 # down: auto splits give 19 fp32 partials at 0.5B (4.4 MB written, then read by XLA's sum); 2-4 splits with narrower
 # column blocks keep the program count with a fifth of those bytes.
 down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5,16x64x4x4x3,16x64x4x4x5,32x64x4x4x3,\

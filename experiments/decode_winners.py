@@ -16,12 +16,13 @@ import json
 import os
 from collections import defaultdict
 
-# bench folder (and part, where one bench times several kernels) -> (module.function, the config's fields in order)
+# bench folder (and part, where one bench times several kernels) -> (module.function, the config's fields in order;
+# a config may leave out trailing ones, which keep their defaults)
 KERNELS = {
     ("attn", None): ("decode_attention.decode_attention", ("block_k", "num_splits", "num_warps", "num_stages",
                                                            "balance")),
     ("qkv", None): ("decode_qkv.qkv_rope_cache", ("block_m", "block_w", "num_warps", "num_stages")),
-    ("mlp", "front"): ("decode_mlp.swiglu_front", ("block_n", "block_d", "num_warps", "num_stages")),
+    ("mlp", "front"): ("decode_mlp.swiglu_front", ("block_n", "block_d", "num_warps", "num_stages", "block_m")),
     ("mlp", "down"): ("decode_mlp.down_proj", ("block_n", "block_k", "splits", "num_warps", "num_stages")),
     ("mlp", "oproj"): ("decode_oproj.out_proj_residual", ("block_n", "block_k", "num_warps", "num_stages")),
     ("addnorm", None): ("decode_add_norm.add_norm", ("block_m", "num_warps")),
