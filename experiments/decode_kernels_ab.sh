@@ -54,8 +54,8 @@ case "${1:-}" in
           experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;
   1) exec bash experiments/gpu_session.sh \
        "attn=200=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
-       "qkv=110=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
-       "mlp=170=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
+       "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
+       "mlp=200=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
 --configs $front --down-configs $down --out \$OUT/mlp" \
        "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm" ;;
   2) exec bash experiments/gpu_session.sh \

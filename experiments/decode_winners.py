@@ -2,7 +2,8 @@
 the least time summed over its cases, against the current default (the first Pallas config of each bench: the
 script lists it first), and the `--kernel-opts` value that runs the winners end to end in part 3.
 
-  python3 experiments/decode_winners.py <part 1's $OUT: a folder holding attn/ qkv/ mlp/ addnorm/> [--min-gain 0.02]
+  python3 experiments/decode_winners.py <part 1's $OUT: a folder holding attn/ qkv/ mlp/ addnorm/ logs/>
+                                         [--min-gain 0.02]
 
 A winner enters the `--kernel-opts` value only if it is at least --min-gain faster than the default (smaller gains
 are within the rounds' spread). The add + norm kernel is opt-in (ModelConfig.decode_add_norm), so its best config is
@@ -33,15 +34,21 @@ _NOT_CASE = {"version", "round", "us", "weight_TBps", "max_rel_diff_vs_xla", "er
 
 
 def load_rows(root: str) -> dict:
-  """(bench, part) -> the rows of its results.json (benches that did not write one are left out)."""
+  """(bench, part) -> the rows of its results.json; for a bench stopped at its time limit before writing one, the
+  rows its log printed as it went (gpu_session.sh's logs/<bench>.log: one JSON object per line)."""
   out = defaultdict(list)
   for bench in ("attn", "qkv", "mlp", "addnorm"):
-    path = os.path.join(root, bench, "results.json")
-    if not os.path.exists(path):
+    path, log = os.path.join(root, bench, "results.json"), os.path.join(root, "logs", f"{bench}.log")
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as fh:
+        rows = json.load(fh)["rows"]
+    elif os.path.exists(log):
+      with open(log, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.startswith("{") and '"version"' in line]
+    else:
       continue
-    with open(path, encoding="utf-8") as fh:
-      for row in json.load(fh)["rows"]:
-        out[(bench, row.get("part"))].append(row)
+    for row in rows:
+      out[(bench, row.get("part"))].append(row)
   return out
 
 
@@ -107,7 +114,8 @@ def main(argv=None) -> None:
   ap.add_argument("--min-gain", type=float, default=0.02)
   a = ap.parse_args(argv)
   if not load_rows(a.root):
-    raise SystemExit(f"no results.json under {a.root}/{{attn,qkv,mlp,addnorm}} (part 1's stage folders)")
+    raise SystemExit(f"no results.json under {a.root}/{{attn,qkv,mlp,addnorm}} (part 1's stage folders) and no "
+                     f"rows in {a.root}/logs/")
   lines, opts = winners(a.root, a.min_gain)
   print("us: the sum over the bench's cases of each config's mean over rounds\n")
   print(format_lines(lines))

@@ -74,3 +74,15 @@ def test_no_results_and_no_gain(tmp_path, capsys):
   assert opts == "" and lines[0]["best"] == "1x4" and lines[0]["xla_us"] == 4.0
   decode_winners.main([str(tmp_path)])
   assert "(none: every default is within --min-gain of the best)" in capsys.readouterr().out
+
+
+def test_rows_from_the_log_of_a_stage_stopped_before_results_json(tmp_path):
+  """A bench killed at its stage limit leaves no results.json: its log's JSON lines (printed as rows finish) serve;
+  a case whose rounds did not all finish counts as far as it got."""
+  os.makedirs(tmp_path / "logs")
+  rows = _rows({"shape": "0.5b", "batch": 64}, {"xla": (12, 12), "pallas 64x16x4x3": (10, 10),
+                                                "pallas 16x16x4x7": (8, 8)})[:-1]  # the last row never finished
+  (tmp_path / "logs" / "qkv.log").write_text("=== compiling\n" + "\n".join(json.dumps(r) for r in rows) + "\n")
+  lines, opts = decode_winners.winners(str(tmp_path))
+  assert lines[0]["best"] == "16x16x4x7" and lines[0]["best_us"] == 8.0 and lines[0]["default_us"] == 10.0
+  assert opts == "decode_qkv.qkv_rope_cache:block_m=16,block_w=16,num_warps=4,num_stages=7"
