@@ -28,6 +28,7 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 from experiments.bench_decode_mlp import add_round_args, print_table, run_rounds  # pylint: disable=wrong-import-position
+from experiments.bench_decode_qkv import xla_norm  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_add_norm import add_norm  # pylint: disable=wrong-import-position
 
 EPS = 1e-6
@@ -37,9 +38,7 @@ DIMS = {"0.5b": 896, "1.5b": 1536, "small": 512}
 def xla_add_norm(h, y, scale):
   """The model's XLA path: down_proj's sum (rounded to h's dtype), the residual add, RMSNorm in fp32."""
   hn = h + y.astype(jnp.float32).sum(0)[:h.shape[0]].astype(h.dtype)
-  x = hn.astype(jnp.float32)
-  var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-  return hn, (x * jax.lax.rsqrt(var + EPS) * scale.astype(jnp.float32)[None, :]).astype(h.dtype)
+  return hn, xla_norm(hn, scale, EPS)
 
 
 def time_layers(fn, h, ys: list, scales: list, reps: int) -> float:

@@ -7,8 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import nnx
+
 from kevin_jax.policy import get_preset
 from kevin_jax.policy.decode_add_norm import add_norm, supported
+from kevin_jax.policy.model import RMSNorm
 from tests.test_common import assert_sampler_same_with_kernel
 
 EPS = 1e-6
@@ -30,12 +33,12 @@ def _reference(h, y, scale):
 
 
 def _xla_path(h, y, scale):
-  """The model's XLA path in h's dtype: down_proj's rounded sum, the residual add, RMSNorm in fp32."""
-  s = y.astype(jnp.float32).sum(0)[:h.shape[0]].astype(h.dtype)
-  hn = h + s
-  x = hn.astype(jnp.float32)
-  var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-  return hn, (x * jax.lax.rsqrt(var + EPS) * scale.astype(jnp.float32)[None, :]).astype(h.dtype)
+  """The model's XLA path in h's dtype: down_proj's rounded sum, the residual add, the model's RMSNorm (fp32)."""
+  norm = RMSNorm(get_preset("tiny", hidden_size=h.shape[1], rms_norm_eps=EPS, param_dtype=str(scale.dtype)),
+                 rngs=nnx.Rngs(0))
+  norm.scale[...] = scale
+  hn = h + y.astype(jnp.float32).sum(0)[:h.shape[0]].astype(h.dtype)
+  return hn, norm(hn)
 
 
 @pytest.mark.parametrize("b,d,splits,rows,block_m,block_d", [(64, 896, 19, 64, 1, 128), (5, 96, 3, 16, 1, 32),

@@ -410,8 +410,8 @@ class DecoderLayer(nnx.Module):
     h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
     return h_BxTxD, new_kv
 
-  def decode_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD, next_norm: RMSNorm,
-                      interpret: bool):
+  def decode_step_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD,
+                           next_norm: RMSNorm, interpret: bool):
     """A decode step (T == 1) whose residual add after the MLP and `next_norm` run as decode_add_norm's one kernel:
     (h, the updated (k, v) cache, next_norm(h)). normed_BxTxD: this layer's input norm of h if the previous layer
     computed it, else None."""
@@ -502,7 +502,7 @@ class Qwen2(nnx.Module):
       normed = None
       for i, layer in enumerate(self.layers):
         next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
-        h_BxTxD, (k, v), normed = layer.decode_add_norm(
+        h_BxTxD, (k, v), normed = layer.decode_step_add_norm(
             h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot, cache_mask_BxS), normed,
             next_norm, interpret=add_norm == "interpret")
         new_k.append(k)
