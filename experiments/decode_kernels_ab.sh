@@ -45,10 +45,11 @@ down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5,16x64x4x4x3,
 # fuse into the o projection); balanced splits; the residual add + next norm kernel; XLA's multi-output fusions
 # (SamplerConfig.decode_fusion). PART3B: the o projection + residual kernel (decode_out), alone and with the add +
 # norm kernel (together they leave XLA only the post-attention norm between kernels); both attention options.
-PART3=("new:" "unrolled:--attn-merge unrolled" "balance:--attn-balance 1" "addnorm:--decode-add-norm pallas" \
+attn_opts="--kernel-opts decode_attention.decode_attention"
+PART3=("new:" "unrolled:$attn_opts:merge=unrolled" "balance:$attn_opts:balance=1" "addnorm:--decode-add-norm pallas" \
        "fusion:--decode-fusion 1")
 PART3B=("new:" "oproj:--decode-out pallas" "oproj_addnorm:--decode-out pallas --decode-add-norm pallas" \
-        "bal_unrolled:--attn-balance 1 --attn-merge unrolled")
+        "bal_unrolled:$attn_opts:balance=1,merge=unrolled")
 case "${1:-}" in
   prep) rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax experiments/profile_decode.py \
           experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;

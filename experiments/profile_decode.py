@@ -17,6 +17,8 @@ Writes results.json and the printed tables to --out.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import sys
@@ -96,8 +98,6 @@ def apply_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
   """Rebinds each named kernel function of kevin_jax.policy.<module> to a functools.partial with the keywords, for
   this process: the model looks its kernels up on their modules at call time, so a decode step traced afterwards
   uses them (a kernel's block shapes, stages or splits, end to end, without changing its defaults)."""
-  import functools  # pylint: disable=g-import-not-at-top
-  import importlib  # pylint: disable=g-import-not-at-top
   opts = parse_kernel_opts(spec)
   for module, fn, kw in opts:
     mod = importlib.import_module(f"kevin_jax.policy.{module}")
@@ -176,28 +176,18 @@ def main():
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   ap.add_argument("--no-attention", action="store_true", help="skip the decode-attention microbenchmark")
-  ap.add_argument("--attn-balance", default=None, type=int, choices=(0, 1),
-                  help="decode_attention.BALANCE for this process (default: the module's)")
-  ap.add_argument("--attn-merge", default=None, choices=("reduce", "unrolled"),
-                  help="decode_attention.MERGE for this process (default: the module's)")
   ap.add_argument("--kernel-opts", default="", help="keyword arguments for decode kernels in this process, e.g. "
                   "'decode_mlp.swiglu_front:num_stages=5;decode_attention.decode_attention:num_splits=1' "
                   "(module.function of kevin_jax.policy: key=value,...; see apply_kernel_opts)")
   a = ap.parse_args()
-  kernel_opts = apply_kernel_opts(a.kernel_opts)
-  # Call-time defaults of the decode-attention kernel, set before anything is traced.
-  if a.attn_balance is not None:
-    decode_attention_module.BALANCE = bool(a.attn_balance)
-  if a.attn_merge is not None:
-    decode_attention_module.MERGE = a.attn_merge
+  kernel_opts = apply_kernel_opts(a.kernel_opts)  # before anything is traced
   os.makedirs(a.out, exist_ok=True)
   batches = [int(x) for x in a.batches.split(",")]
   cfg = get_preset(MODELS[a.model])
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": a.model,
          "decode_mlp": a.decode_mlp, "decode_down": a.decode_down, "decode_fusion": bool(a.decode_fusion),
          "decode_qkv": a.decode_qkv, "decode_out": a.decode_out, "decode_add_norm": a.decode_add_norm,
-         "attn_balance": decode_attention_module.BALANCE,
-         "attn_merge": decode_attention_module.MERGE, "kernel_opts": a.kernel_opts, "attention": [], "generate": []}
+         "kernel_opts": a.kernel_opts, "attention": [], "generate": []}
   for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
@@ -220,9 +210,7 @@ def main():
     json.dump(res, f, indent=1)
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, decode_mlp={a.decode_mlp}, "
         f"decode_down={a.decode_down}, decode_fusion={a.decode_fusion}, decode_qkv={a.decode_qkv}, "
-        f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, "
-        f"attention balance={decode_attention_module.BALANCE} merge={decode_attention_module.MERGE}, "
-        f"kernel options {kernel_opts}):")
+        f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, kernel options {kernel_opts}):")
   for r in res["attention"]:
     print(f"  attention B={r['batch']}: " + ", ".join(
         f"{k} {v['us']:.1f} us ({v['visible_GBps']:.0f} GB/s, diff {v['max_abs_diff_vs_xla']:.1e})" if "us" in v

@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy import decode_attention as decode_attention_module
 from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, merge_splits, supported
 from kevin_jax.policy.model import _decode_attend
 from tests.test_common import assert_sampler_same_with_kernel
@@ -61,22 +60,10 @@ def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
 
 
-def test_call_time_defaults_and_bad_merge(monkeypatch):
-  """balance=None / merge=None read the module's BALANCE / MERGE when called (a benchmark sets them before
-  tracing); an unknown merge is an error naming the choices."""
-  q, kc, vc, s = _case(jnp.float32, b=2)
+def test_bad_merge():
+  """An unknown merge is an error naming the choices."""
+  q, kc, vc, _ = _case(jnp.float32, b=2)
   ranges = SlotRanges(prompt_len_B=jnp.array([5, 128]), gen_len=jnp.array(3), gen_start=128)
-  seen = []
-  real = decode_attention_module._decode_attention
-  monkeypatch.setattr(decode_attention_module, "_decode_attention",
-                      lambda *a, **kw: seen.append((kw["balance"], kw["merge"])) or real(*a, **kw))
-  monkeypatch.setattr(decode_attention_module, "BALANCE", True)
-  monkeypatch.setattr(decode_attention_module, "MERGE", "unrolled")
-  got = decode_attention(q, kc, vc, ranges, interpret=True)
-  decode_attention(q, kc, vc, ranges, balance=False, merge="reduce", interpret=True)
-  assert seen == [(True, "unrolled"), (False, "reduce")]
-  np.testing.assert_allclose(np.asarray(got), np.asarray(_decode_attend(q, kc, vc, ranges.mask(s), True)),
-                             rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="merge must be one of"):
     decode_attention(q, kc, vc, ranges, merge="sum", interpret=True)
 

@@ -20,7 +20,7 @@ The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions
 runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third
 session); `merge='unrolled'` writes the same sums as a chain of elementwise ops over the splits' slices, which
 XLA's GEMM fusion may take into the o projection's operand, dropping that kernel. The two agree to fp32 rounding
-(tests); which is faster end to end is measured by experiments/profile_decode.py --attn-merge (not yet on a GPU).
+(tests); which is faster end to end is measured by experiments/profile_decode.py --kernel-opts (not yet on a GPU).
 
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
@@ -45,8 +45,6 @@ Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
-# Call-time defaults of decode_attention (read when it is called with balance=None / merge=None, so a benchmark
-# may set them before tracing; experiments/profile_decode.py --attn-balance / --attn-merge).
 BALANCE = False  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
 MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
 _MERGES = ("reduce", "unrolled")
@@ -142,24 +140,6 @@ def padded_rows(groups: int) -> int:
   return max(16, -(-groups // 16) * 16)
 
 
-def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, balance: bool | None = None,
-                     merge: str | None = None, num_warps: int = 4, num_stages: int = 2,
-                     interpret: bool = False) -> Array:
-  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
-
-  groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
-  so); G = groups. balance / merge: None takes the module's BALANCE / MERGE at call time.
-  """
-  balance = BALANCE if balance is None else balance
-  merge = MERGE if merge is None else merge
-  if merge not in _MERGES:
-    raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
-  return _decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, ranges, block_k=block_k, num_splits=num_splits,
-                           groups=groups, balance=bool(balance), merge=merge, num_warps=num_warps,
-                           num_stages=num_stages, interpret=interpret)
-
-
 def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: str = "reduce") -> Array:
   """The exact softmax output [B, K, G, H] (fp32) from the splits' partials: acc, running max and sum per split.
 
@@ -182,9 +162,16 @@ def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "balance", "merge", "num_warps",
                                              "num_stages", "interpret"))
-def _decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *, block_k: int,
-                      num_splits: int, groups: int, balance: bool, merge: str, num_warps: int, num_stages: int,
-                      interpret: bool) -> Array:
+def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
+                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, balance: bool = BALANCE,
+                     merge: str = MERGE, num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Array:
+  """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
+
+  groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
+  so); G = groups. merge: how the splits are combined (merge_splits).
+  """
+  if merge not in _MERGES:
+    raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
   b, kh, g, h = q_BxKxGxH.shape
   if groups:
     if g != padded_rows(groups):
