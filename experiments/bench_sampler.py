@@ -79,7 +79,9 @@ def jax_worker(args) -> dict:
   from kevin_jax.policy.model import Qwen2  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.weights import save_pretrained  # pylint: disable=g-import-not-at-top
+  from experiments.kernel_opts import apply_kernel_opts  # pylint: disable=g-import-not-at-top
 
+  apply_kernel_opts(args.kernel_opts)  # before anything is traced
   dev = jax.local_devices()[0]
   out = {"device": str(dev.device_kind), "backend": jax.default_backend(), "jax": jax.__version__,
          "model": args.model, "runs": []}
@@ -212,6 +214,7 @@ def _run_worker(kind: str, args, model: str, weights_dir: str, out_dir: str, tim
          "--hf-new-tokens", str(args.hf_new_tokens), "--seed", str(args.seed), "--attention", args.attention,
          "--decode-attention", args.decode_attention, "--decode-qkv", args.decode_qkv, "--decode-out",
          args.decode_out, "--decode-add-norm", args.decode_add_norm, "--decode-fusion", str(args.decode_fusion),
+         "--kernel-opts", args.kernel_opts,
          "--dump-dir", dump, "--json", os.path.join(out_dir, f"{kind}_{model}.json")]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_REPO + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
@@ -265,6 +268,8 @@ def main(argv=None):
                  help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
   p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
                  help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
+  p.add_argument("--kernel-opts", default="", help="decode kernels' keyword arguments in the JAX worker, e.g. "
+                 "'decode_attention.decode_attention:merge=unrolled' (experiments/kernel_opts.py)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--budget-s", type=float, default=225.0, help="skip remaining workers past this wall time")
   p.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script; CPU ok)")
@@ -352,6 +357,9 @@ def write_summary(results: dict, args, final: bool) -> None:
       "Roofline: (weights + KV of attended tokens) bytes per step / copy bandwidth. 'compile s' per batch "
       f"size, compiled concurrently. Whole run {results.get('wall_s', 0):.0f}s"
       + ("." if final else " (partial)."),
+      f"Decode kernels: decode_attention={args.decode_attention}, decode_qkv={args.decode_qkv}, decode_out="
+      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_fusion={args.decode_fusion}; kernel "
+      f"options: {args.kernel_opts or 'defaults'}.",
   ]
   for model, entry in results["models"].items():
     ops = entry.get("jax", {}).get("cache_ops_in_decode_hlo")

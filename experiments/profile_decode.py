@@ -17,8 +17,6 @@ Writes results.json and the printed tables to --out.
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import json
 import os
 import sys
@@ -32,6 +30,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 from flax import nnx  # pylint: disable=wrong-import-position
 
 from experiments import xla_profile  # pylint: disable=wrong-import-position
+from experiments.kernel_opts import apply_kernel_opts  # pylint: disable=wrong-import-position
 from kevin_jax.policy import decode_attention as decode_attention_module  # pylint: disable=wrong-import-position
 from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_attention import SlotRanges  # pylint: disable=wrong-import-position
@@ -73,36 +72,6 @@ def attention_bench(b: int, p: int, new: int, gen_visible: int, reps: int, cfg) 
     print(f"[attn] B={b} S={s} visible={p + gen_visible} {name}: {us:8.1f} us/call, "
           f"{visible_bytes / us / 1e3:7.0f} GB/s over visible K/V, |diff| {err:.2e}", flush=True)
   return out
-
-
-def parse_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
-  """'decode_mlp.swiglu_front:num_stages=5;decode_attention.decode_attention:num_splits=1,merge=unrolled' ->
-  [(module, function, {keyword: value})]; integer values become ints. The modules are kevin_jax.policy's."""
-  out = []
-  for part in filter(None, (p.strip() for p in spec.split(";"))):
-    target, _, kws = part.partition(":")
-    module, _, fn = target.partition(".")
-    if not (module and fn and kws):
-      raise ValueError(f"--kernel-opts: expected module.function:key=value,..., got {part!r}")
-    opts = {}
-    for kv in kws.split(","):
-      key, eq, value = kv.partition("=")
-      if not eq:
-        raise ValueError(f"--kernel-opts: expected key=value, got {kv!r} in {part!r}")
-      opts[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
-    out.append((module, fn, opts))
-  return out
-
-
-def apply_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
-  """Rebinds each named kernel function of kevin_jax.policy.<module> to a functools.partial with the keywords, for
-  this process: the model looks its kernels up on their modules at call time, so a decode step traced afterwards
-  uses them (a kernel's block shapes, stages or splits, end to end, without changing its defaults)."""
-  opts = parse_kernel_opts(spec)
-  for module, fn, kw in opts:
-    mod = importlib.import_module(f"kevin_jax.policy.{module}")
-    setattr(mod, fn, functools.partial(getattr(mod, fn), **kw))
-  return opts
 
 
 def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:

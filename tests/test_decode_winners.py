@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import decode_winners  # pylint: disable=g-import-not-at-top,wrong-import-position
-from experiments import profile_decode  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import kernel_opts  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _write(root, bench, rows):
@@ -55,8 +55,8 @@ def test_winners_over_cases_threshold_and_opts(tmp_path, capsys):
   assert opts == ("decode_attention.decode_attention:block_k=64,num_splits=0,num_warps=4,num_stages=4,balance=1;"
                   "decode_mlp.down_proj:block_n=16,block_k=64,splits=4,num_warps=4,num_stages=5;"
                   "decode_mlp.down_partials:block_n=16,block_k=64,splits=4,num_warps=4,num_stages=5")
-  # The value is what profile_decode --kernel-opts parses.
-  assert [t[:2] for t in profile_decode.parse_kernel_opts(opts)] == [
+  # The value is what --kernel-opts parses.
+  assert [t[:2] for t in kernel_opts.parse_kernel_opts(opts)] == [
       ("decode_attention", "decode_attention"), ("decode_mlp", "down_proj"), ("decode_mlp", "down_partials")]
   decode_winners.main([str(tmp_path)])
   out = capsys.readouterr().out

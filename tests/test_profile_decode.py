@@ -18,24 +18,3 @@ def test_decode_only_subtracts_the_prefill_call_per_step():
   assert got == pytest.approx({"matmul": 160 / 255, "attention": 0.2, "fusion": 0.1, "copy": -0.01})
   with pytest.raises(ValueError, match="decode steps"):
     profile_decode.decode_only(full, prefill, 0)
-
-
-def test_kernel_opts_parse_and_rebind(monkeypatch):
-  """--kernel-opts: module.function:key=value,...; ';' between kernels; integers become ints. Applying rebinds the
-  function on its module (restored here by monkeypatch), which the model looks up when it traces a decode step."""
-  from kevin_jax.policy import decode_attention, decode_mlp  # pylint: disable=g-import-not-at-top
-  spec = "decode_mlp.swiglu_front:num_stages=5,block_n=32; decode_attention.decode_attention:merge=unrolled"
-  assert profile_decode.parse_kernel_opts(spec) == [
-      ("decode_mlp", "swiglu_front", {"num_stages": 5, "block_n": 32}),
-      ("decode_attention", "decode_attention", {"merge": "unrolled"})]
-  assert profile_decode.parse_kernel_opts("") == []
-  for bad in ("decode_mlp:num_stages=5", "decode_mlp.swiglu_front", "decode_mlp.swiglu_front:num_stages"):
-    with pytest.raises(ValueError, match="--kernel-opts"):
-      profile_decode.parse_kernel_opts(bad)
-  originals = (decode_mlp.swiglu_front, decode_attention.decode_attention)
-  monkeypatch.setattr(decode_mlp, "swiglu_front", originals[0])
-  monkeypatch.setattr(decode_attention, "decode_attention", originals[1])
-  profile_decode.apply_kernel_opts(spec)
-  assert decode_mlp.swiglu_front.func is originals[0]
-  assert decode_mlp.swiglu_front.keywords == {"num_stages": 5, "block_n": 32}
-  assert decode_attention.decode_attention.keywords == {"merge": "unrolled"}
