@@ -19,18 +19,29 @@
 #                                               # decode_qkv.qkv_rope_cache:block_m=16"' (quote the value: it holds
 #                                               # ';'); with decode_add_norm the down kernel is down_partials
 #   bash experiments/decode_kernels_ab.sh 3b    # part 3 with PART3B's variants (the o projection kernel)
+#   bash experiments/decode_kernels_ab.sh 5 [NAME:FLAGS ...]
+#                                               # the issue's benchmark (bench_sampler, 0.5B, B = 64, no
+#                                               # transformers) per variant, alternated twice, NAME:FLAGS as in part
+#                                               # 3 but bench_sampler's flags (it takes --kernel-opts too; default
+#                                               # set: PART5); experiments/bench_ab_table.py puts them side by side
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
+#   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64
 #   bash experiments/decode_kernels_ab.sh 4     # the issue's whole benchmark table (0.5B and 1.5B, B 64/256)
 #
+# Parts join with '+' into one call (one machine start), e.g. `AB_S=360 bash experiments/decode_kernels_ab.sh 5+2n
+# VARIANTS...`; AB_S (default 540) is the seconds parts 3 and 5 share among their runs, TESTS_S part 2n's limit.
 # Results: $OUT/<stage>/ and the stage logs (gpu_session.sh); `python3 experiments/decode_ab_table.py <stage dirs>`
 # puts part 3's runs side by side. Part 1's first config of each kernel is the current default.
 set -u
 cd "$(dirname "$0")/.."
 BASE=eac7616  # the last tree measured end to end (twenty-third session: 44,978 tok/s in bench_sampler)
 prof="experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"
+bench="experiments/bench_sampler.py --models 0.5b --batches 64 --no-hf"  # part 5: the issue's goal case
 gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py \
 tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py"
+gpu_tests_new="tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu \
+tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu"  # the twenty-fifth session's options
 attn="64x0x4x2x0,64x0x4x2x1,64x0x4x3x1,64x0x4x4x1,128x0x4x3x1,128x0x8x3x1,64x8x4x3x1,64x1x4x4x1,64x2x4x4x1,\
 64x0x2x3x1"
 qkv="64x16x4x3,16x16x4x3,64x16x4x5,64x16x4x7,16x16x4x7,32x16x4x7,16x16x2x7"
@@ -50,40 +61,50 @@ PART3=("new:" "unrolled:$attn_opts:merge=unrolled" "balance:$attn_opts:balance=1
        "fusion:--decode-fusion 1")
 PART3B=("new:" "oproj:--decode-out pallas" "oproj_addnorm:--decode-out pallas --decode-add-norm pallas" \
         "bal_unrolled:$attn_opts:balance=1,merge=unrolled")
-case "${1:-}" in
-  prep) rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax experiments/profile_decode.py \
-          experiments/xla_profile.py | tar -x -C .ab_base && echo "built .ab_base (git-ignored) from $BASE" ;;
-  1) exec bash experiments/gpu_session.sh \
-       "attn=200=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn" \
-       "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv" \
-       "mlp=200=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
---configs $front --down-configs $down --out \$OUT/mlp" \
-       "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm" ;;
-  2) exec bash experiments/gpu_session.sh \
-       "gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests" ;;
-  3|3b) part=$1; shift
-     variants=("$@")
-     if [ ${#variants[@]} -eq 0 ]; then
-       if [ "$part" = 3b ]; then variants=("${PART3B[@]}"); else variants=("${PART3[@]}"); fi
-     fi
-     limit=$(( 540 / (2 * ${#variants[@]}) ))  # each run took 25-31 s in the twenty-third session
-     stages=()
-     for round in 1 2; do
-       for v in "${variants[@]}"; do
-         name=${v%%:*}; flags=${v#*:}
-         if [ "$name" = base ]; then
-           [ -d .ab_base/kevin_jax ] || { echo "no .ab_base: run part prep here and carry .ab_base" >&2; exit 2; }
-           stages+=("base$round=$limit=python3 .ab_base/$prof $flags --out \$OUT/base$round")
-         else
-           stages+=("$name$round=$limit=python3 $prof $flags --out \$OUT/$name$round")
-         fi
-       done
-     done
-     exec bash experiments/gpu_session.sh "${stages[@]}" ;;
-  4a) exec bash experiments/gpu_session.sh \
-       "bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
---out \$OUT/bench_sampler" ;;
-  4) exec bash experiments/gpu_session.sh \
-       "bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler" ;;
-  *) echo "usage: $0 prep|1|2|3 [NAME:FLAGS ...]|3b|4a|4 (see the header)" >&2; exit 2 ;;
-esac
+PART5=("new:" "addnorm:--decode-add-norm pallas" "addnorm_unrolled:--decode-add-norm pallas $attn_opts:merge=unrolled" \
+       "all:--decode-add-norm pallas --decode-fusion 1 $attn_opts:merge=unrolled")
+# variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
+# seconds (default 540) among them.
+ab_stages() {  # ab_stages <command prefix> <variant>...
+  local cmd=$1; shift
+  local limit=$(( ${AB_S:-540} / (2 * $#) )) round v name flags
+  for round in 1 2; do
+    for v in "$@"; do
+      name=${v%%:*}; flags=${v#*:}
+      if [ "$name" = base ]; then
+        [ -d .ab_base/kevin_jax ] || { echo "no .ab_base: run part prep here and carry .ab_base" >&2; exit 2; }
+        stages+=("base$round=$limit=python3 .ab_base/$cmd $flags --out \$OUT/base$round")
+      else
+        stages+=("$name$round=$limit=python3 $cmd $flags --out \$OUT/$name$round")
+      fi
+    done
+  done
+}
+[ "${1:-}" = prep ] && { rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax \
+  experiments/profile_decode.py experiments/xla_profile.py | tar -x -C .ab_base && \
+  echo "built .ab_base (git-ignored) from $BASE"; exit; }
+parts=${1:-}; shift || true
+stages=()
+for part in ${parts//+/ }; do
+  case "$part" in
+    1) stages+=(
+         "attn=200=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn"
+         "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
+         "mlp=200=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
+--configs $front --down-configs $down --out \$OUT/mlp"
+         "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm") ;;
+    2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
+    2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
+    3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
+    3b) ab_stages "$prof" "${PART3B[@]}" ;;
+    5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
+       stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
+    4a) stages+=("bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
+--out \$OUT/bench_sampler") ;;
+    4) stages+=("bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler") ;;
+    *) echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 2 2n 3 3b 5 4a 4 (see the header)" >&2
+       exit 2 ;;
+  esac
+done
+[ ${#stages[@]} -gt 0 ] || { echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...] (see the header)" >&2; exit 2; }
+exec bash experiments/gpu_session.sh "${stages[@]}"

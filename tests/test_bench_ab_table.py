@@ -1,0 +1,33 @@
+"""experiments/bench_ab_table.py: part 5's bench_sampler runs side by side."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import bench_ab_table  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _write(root, name, tok_s, frac, **args):
+  os.makedirs(root / name)
+  res = {"args": {"decode_add_norm": "xla", "decode_fusion": 0, "decode_out": "xla", "kernel_opts": "", **args},
+         "models": {"0.5b": {"jax": {"runs": [{"decode_tok_s": tok_s, "roofline_frac": frac}]}}}}
+  (root / name / "results.json").write_text(json.dumps(res))
+
+
+def test_table_means_and_ratios(tmp_path):
+  _write(tmp_path, "new1", 45000.0, 0.45)
+  _write(tmp_path, "new2", 47000.0, 0.47)
+  _write(tmp_path, "addnorm1", 48000.0, 0.48, decode_add_norm="pallas", kernel_opts="decode_mlp.down_proj:splits=4")
+  _write(tmp_path, "addnorm2", 50000.0, 0.50, decode_add_norm="pallas", kernel_opts="decode_mlp.down_proj:splits=4")
+  os.makedirs(tmp_path / "logs")  # not a run
+  (tmp_path / "failed1").mkdir()  # a run that wrote nothing
+  lines = bench_ab_table.table(bench_ab_table.load(str(tmp_path))).splitlines()
+  assert lines[2] == "| new | 45,000 / 47,000 | 46,000 | 1.000 | 46.0 % | add_norm=xla fusion=0 out=xla |"
+  assert lines[3] == ("| addnorm | 48,000 / 50,000 | 49,000 | 1.065 | 49.0 % | add_norm=pallas fusion=0 out=xla "
+                      "decode_mlp.down_proj:splits=4 |")
+  assert len(lines) == 4
+  with pytest.raises(SystemExit, match="no bench_sampler results"):
+    bench_ab_table.table(bench_ab_table.load(str(tmp_path / "logs")))
