@@ -10,6 +10,10 @@
 #                                               # q/k/v, MLP, o projection, the residual add + norm.
 #                                               # `python3 experiments/decode_winners.py <files_at>` (after untarring
 #                                               # all.tar.gz) prints the winners and part 3's command for them.
+#   bash experiments/decode_kernels_ab.sh 1q    # part 1's q/k/v and MLP front/down benches only (~4 min); like part
+#                                               # 1 it ends by writing the winners' --kernel-opts value to
+#                                               # $OUT/winners.txt, which variants of a part 3 or 5 joined to it
+#                                               # read: 'best:--kernel-opts "$(cat $OUT/winners.txt)"'
 #   bash experiments/decode_kernels_ab.sh 3 [NAME:FLAGS ...]
 #                                               # profile_decode at B = 64, one process per variant, the variants
 #                                               # alternated twice; NAME:FLAGS adds profile_decode flags (the
@@ -92,7 +96,13 @@ for part in ${parts//+/ }; do
          "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
          "mlp=200=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
 --configs $front --down-configs $down --out \$OUT/mlp"
-         "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm") ;;
+         "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm"
+         "winners=15=python3 experiments/decode_winners.py \$OUT --write \$OUT/winners.txt") ;;
+    1q) stages+=(  # the q/k/v and MLP kernels only, and their winners for later stages of the same call
+         "qkv=60=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
+         "mlp=140=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down \
+--configs $front --down-configs $down --out \$OUT/mlp"
+         "winners=15=python3 experiments/decode_winners.py \$OUT --write \$OUT/winners.txt") ;;
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
@@ -102,7 +112,7 @@ for part in ${parts//+/ }; do
     4a) stages+=("bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
 --out \$OUT/bench_sampler") ;;
     4) stages+=("bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler") ;;
-    *) echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 2 2n 3 3b 5 4a 4 (see the header)" >&2
+    *) echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 1q 2 2n 3 3b 5 4a 4 (see the header)" >&2
        exit 2 ;;
   esac
 done

@@ -112,11 +112,16 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("root", help="part 1's output folder (attn/, qkv/, mlp/, addnorm/ with results.json)")
   ap.add_argument("--min-gain", type=float, default=0.02)
+  ap.add_argument("--write", default="", help="also write the --kernel-opts value (maybe empty) to this file, for "
+                  "later stages of the same GPU call (decode_kernels_ab.sh part 1q)")
   a = ap.parse_args(argv)
   if not load_rows(a.root):
     raise SystemExit(f"no results.json under {a.root}/{{attn,qkv,mlp,addnorm}} (part 1's stage folders) and no "
                      f"rows in {a.root}/logs/")
   lines, opts = winners(a.root, a.min_gain)
+  if a.write:
+    with open(a.write, "w", encoding="utf-8") as fh:
+      fh.write(opts + "\n")
   print("us: the sum over the bench's cases of each config's mean over rounds\n")
   print(format_lines(lines))
   print(f"\n--kernel-opts value: {opts or '(none: every default is within --min-gain of the best)'}")

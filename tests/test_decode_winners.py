@@ -58,9 +58,10 @@ def test_winners_over_cases_threshold_and_opts(tmp_path, capsys):
   # The value is what --kernel-opts parses.
   assert [t[:2] for t in kernel_opts.parse_kernel_opts(opts)] == [
       ("decode_attention", "decode_attention"), ("decode_mlp", "down_proj"), ("decode_mlp", "down_partials")]
-  decode_winners.main([str(tmp_path)])
+  decode_winners.main([str(tmp_path), "--write", str(tmp_path / "winners.txt")])
   out = capsys.readouterr().out
   assert "| decode_mlp.down_proj | 64x64x0x4x3 | 6.10 | 16x64x4x4x5 | 4.90 | +19.7 % | 10.00 |" in out
+  assert (tmp_path / "winners.txt").read_text() == opts + "\n"
   assert "part 3: bash experiments/decode_kernels_ab.sh 3 'new:' 'best:--kernel-opts" in out
 
 
