@@ -46,16 +46,16 @@ gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tes
 tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py"
 gpu_tests_new="tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu"  # the twenty-fifth session's options
-attn="64x0x4x2x0,64x0x4x2x1,64x0x4x3x1,64x0x4x4x1,128x0x4x3x1,128x0x8x3x1,64x8x4x3x1,64x1x4x4x1,64x2x4x4x1,\
-64x0x2x3x1"
-qkv="64x16x4x3,16x16x4x3,64x16x4x5,64x16x4x7,16x16x4x7,32x16x4x7,16x16x2x7"
-# front: block_n x block_d x warps x stages [x block_m]; F / 64 = 76 programs at 0.5B leave 56 of 132 SMs idle,
-# 32-row blocks give 152 (each weight tile read twice, the second time from L2)
-front="64x128x4x3,64x128x4x5,64x128x4x7,32x128x4x5,32x128x4x7,64x128x4x5x32,64x128x4x7x32"
-# down: auto splits give 19 fp32 partials at 0.5B (4.4 MB written, then read by XLA's sum); 2-4 splits with narrower
-# column blocks keep the program count with a fifth of those bytes.
-down="64x64x0x4x3,64x64x0x4x5,64x128x0x4x3,64x128x0x4x4,32x64x0x4x5,16x64x4x4x3,16x64x4x4x5,32x64x4x4x3,\
-16x64x2x4x5,64x64x4x4x5"
+# attention: block_k x splits x warps x stages x balance; its bench timed only XLA and the default in 150 s
+# (2026-12-05): give it a call of its own (AB part 1 alone) before adding configs
+attn="64x0x4x2x0,64x0x4x3x1,64x0x2x3x1,128x0x4x3x1"
+qkv="64x16x4x5,64x16x4x3,64x16x4x7,32x16x4x5,16x16x2x7"  # 16-row blocks with 4 warps: slower (2026-12-05)
+# front: block_n x block_d x warps x stages [x block_m]; F / 64 = 76 programs at 0.5B leave 56 of 132 SMs idle, but
+# 32-column or 32-row blocks (152 programs) took 12.5-14.5 against 10.4 us per layer (2026-12-05)
+front="64x128x4x3,64x128x4x2,64x128x2x3,32x128x4x3,64x64x4x4"  # 5+ stages of 64x128 exceed shared memory
+# down: block_n x block_k x splits (0: pick_splits, 19 at 0.5B) x warps x stages; 4 splits with 5 stages is the
+# default since 2026-12-05 (8.2 against 8.7 us per layer with 19 splits and 3 stages)
+down="64x64x4x4x5,64x64x0x4x3,64x64x2x4x5,64x64x4x4x6,64x64x4x4x4,32x64x4x4x5,64x128x4x4x5"
 # Part 3's default variants: the tree's defaults; the attention's splits merged by elementwise ops (which XLA may
 # fuse into the o projection); balanced splits; the residual add + next norm kernel; XLA's multi-output fusions
 # (SamplerConfig.decode_fusion). PART3B: the o projection + residual kernel (decode_out), alone and with the add +

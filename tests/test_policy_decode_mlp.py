@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kevin_jax.policy import get_preset
-from kevin_jax.policy.decode_mlp import down_proj, pick_block, pick_splits, supported, swiglu_front
+from kevin_jax.policy.decode_mlp import (DOWN_SPLITS, down_partials, down_proj, pick_block, pick_splits,
+                                        resolve_splits, supported, swiglu_front)
 from tests.test_common import assert_sampler_same_with_kernel
 
 
@@ -85,7 +86,14 @@ def test_down_proj_split_rules():
   assert pick_splits(8960, 24, 64) == 7  # 1.5B: 140 chunks of 64, 24 x 7 = 168 programs.
   assert pick_splits(192, 4, 64) == 3  # Too few chunks for 132 programs: all of them.
   assert pick_splits(4864, 200, 64) == 1
+  # The default (None): DOWN_SPLITS where it divides F's chunks (0.5B: 76; small: 24; 1.5B: 140), else pick_splits
+  # (the tiny preset's F = 192: 3 chunks); 0 asks for pick_splits; other values stand.
+  assert DOWN_SPLITS == 4
+  assert resolve_splits(None, 4864, 14, 64) == 4 and resolve_splits(None, 1536, 8, 64) == 4
+  assert resolve_splits(None, 192, 1, 64) == 3 and resolve_splits(None, 8960, 24, 64) == 4
+  assert resolve_splits(0, 4864, 14, 64) == 19 and resolve_splits(2, 4864, 14, 64) == 2
   h, w = _down_case(4, 256, 64, jnp.float32)
+  assert down_partials(h, w, interpret=True).shape == (4, 16, 64)  # 4 chunks of 64: DOWN_SPLITS, 16-row tiles
   with pytest.raises(ValueError, match="must divide"):
     down_proj(h, w, splits=3, interpret=True)  # 256 / 3 is no multiple of 64.
   with pytest.raises(ValueError, match="must be"):

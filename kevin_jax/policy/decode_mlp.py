@@ -90,11 +90,26 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
 # (gemm_fusion_dot_267, 7.4 us per layer; BENCHMARKS.md, seventeenth session). Here program (i, j, s) sums F slice s
 # of the product into an fp32 partial [block_m, block_n]; XLA then adds the `splits` partials (a small reduction
 # that it can fuse with the residual add after the MLP).
-SM_COUNT = 132  # H200 SMs: down_proj's default split count aims at >= this many programs.
+SM_COUNT = 132  # H200 SMs: pick_splits' split count aims at >= this many programs.
 AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
                         # this: at 64 rows it beat XLA's einsum on the 0.5B shape (D = 896: 8.9 against 10.6 us per
                         # layer) and only tied it on the 1.5B shape (D = 1,536: 13.8-15.8 against 14.0 us);
                         # BENCHMARKS.md "Sampler", nineteenth and twenty-first sessions.
+
+
+DOWN_SPLITS = 4  # F splits by default, where they cut F into block_k multiples (else pick_splits), with DOWN_STAGES
+DOWN_STAGES = 5  # pipeline stages: at the 0.5B shape, B = 64, the kernel alone took 8.05 / 8.43 us per layer against
+                 # 8.68 / 8.74 with pick_splits' 19 splits and 3 stages (4.4 MB of fp32 partials for XLA's sum become
+                 # 0.9 MB); with decode_qkv's NUM_STAGES, bench_sampler ran 46,943 against 45,851 decode tok/s
+                 # (BENCHMARKS.md "Sampler", twenty-sixth session). Not measured at other shapes.
+
+
+def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int) -> int:
+  """down_proj's split count: None -> DOWN_SPLITS where it divides F's block_k chunks, else pick_splits; 0 ->
+  pick_splits; any other value as given."""
+  if splits is None:
+    splits = DOWN_SPLITS if (f // block_k) % DOWN_SPLITS == 0 else 0
+  return splits or pick_splits(f, n_blocks, block_k)
 
 
 def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUNT) -> int:
@@ -110,9 +125,10 @@ def _down_kernel(h_ref, w_ref, o_ref, *, block_k: int):
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int = 64, block_k: int = 64,
-              block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
-  """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (0 = pick_splits) into fp32 partials
+def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64, block_k: int = 64,
+              block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
+              interpret: bool = False) -> Array:
+  """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (resolve_splits) into fp32 partials
   summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D)."""
   partials = down_partials(h_BxF, w_down_FxD, splits=splits, block_n=block_n, block_k=block_k, block_m=block_m,
                            num_warps=num_warps, num_stages=num_stages, interpret=interpret)
@@ -121,8 +137,9 @@ def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: int = 64, block_k: int = 64,
-                  block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
+def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64,
+                  block_k: int = 64, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
+                  interpret: bool = False) -> Array:
   """down_proj's fp32 partials before XLA's sum: [splits, R, D], R >= B the rows padded to the kernel's row tiles
   (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
   b, f = h_BxF.shape
@@ -132,7 +149,7 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int = 0, block_n: 
   block_n, block_k = pick_block(d, block_n), pick_block(f, block_k)
   if not (block_n and block_k):
     raise ValueError(f"down_proj needs F ({f}) and D ({d}) multiples of 16")
-  splits = splits or pick_splits(f, d // block_n, block_k)
+  splits = resolve_splits(splits, f, d // block_n, block_k)
   if f % (splits * block_k):
     raise ValueError(f"splits={splits} must divide F={f} into multiples of block_k={block_k}")
   ks = f // splits

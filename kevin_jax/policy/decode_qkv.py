@@ -49,6 +49,8 @@ BLOCK_W = 16  # Columns of each half-head per program (Triton's smallest matmul 
 BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
 MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
+NUM_STAGES = 5  # Pipeline stages: alone at the 0.5B shape, B = 64, 10.00 us per layer against 10.74 with 3 (7 took
+                # 10.21); end to end with decode_mlp's DOWN_SPLITS (BENCHMARKS.md "Sampler", twenty-sixth session).
 
 
 def row_block(rows: int, block_m: int = BLOCK_M) -> int:
@@ -129,7 +131,7 @@ def _kernel(slot_ref, x_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos
 def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: Array, b_q_NxH: Array,
                    b_k_KxH: Array, b_v_KxH: Array, cos_BxH2: Array, sin_BxH2: Array, k_cache_BxKxSxH: Array,
                    v_cache_BxKxSxH: Array, slot: Array | int, *, block_w: int = BLOCK_W, block_d: int = BLOCK_D,
-                   block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False
+                   block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = NUM_STAGES, interpret: bool = False
                    ) -> tuple[Array, Array, Array]:
   """One decode step's q, and the caches with this step's k and v written at `slot`.
 
