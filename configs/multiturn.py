@@ -51,7 +51,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.decode_out = "xla"  # Decode o projection + residual add: xla | auto (one Pallas kernel on a GPU up to 64
   #   rows) | pallas. Opt-in: 1.2 % slower than without it, with decode_qkv on (0.5B, batch 64).
   c.policy.decode_add_norm = "xla"  # Decode residual add after the MLP + the next RMSNorm: xla | auto (one Pallas
-  #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: not yet measured on a GPU.
+  #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: 4.4 % slower (0.5B, B 64).
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 
@@ -68,7 +68,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
   c.sampler.decode_fusion = False  # Compile the decode loop alone with XLA's multi-output Triton fusions (opt-in:
-  #   its own share of the decode speed is not yet measured; BENCHMARKS.md "Sampler").
+  #   +0.3 % decode tok/s at 0.5B, batch 64, within run-to-run spread; BENCHMARKS.md "Sampler").
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()

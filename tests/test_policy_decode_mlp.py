@@ -173,10 +173,11 @@ def test_triton_kernel_on_gpu(dtype, b, block_n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,b,splits", [("float32", 64, 0), ("bfloat16", 64, 0), ("bfloat16", 256, 0),
-                                            ("bfloat16", 24, 4), ("bfloat16", 64, 1)])
+@pytest.mark.parametrize("dtype,b,splits", [("float32", 64, None), ("bfloat16", 64, None), ("bfloat16", 64, 0),
+                                            ("bfloat16", 256, 0), ("bfloat16", 24, 4), ("bfloat16", 64, 1)])
 def test_down_proj_triton_on_gpu(dtype, b, splits):
-  """The split down projection compiled by Triton on the Qwen2.5-0.5B shape ([B, 4864] x [4864, 896])."""
+  """The split down projection compiled by Triton on the Qwen2.5-0.5B shape ([B, 4864] x [4864, 896]); splits None
+  is the default (DOWN_SPLITS), 0 pick_splits' 19."""
   def compute():
     h, w = _down_case(b, 4864, 896, jnp.dtype(dtype))
     return (h, w), down_proj(h, w, splits=splits)

@@ -76,7 +76,8 @@ class ModelConfig:
     decode_add_norm: the residual add after the MLP and the next RMSNorm (the next layer's input norm, or the final
       norm) in a one-token decode step: 'xla' (the default: XLA's fusions) | 'auto' (the one Pallas kernel of
       policy/decode_add_norm.py, which also sums decode_down's partials, on a GPU when fp32_upcast is on and its
-      shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in until measured on a GPU.
+      shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: it made bench_sampler 4.4 %
+      slower on the 0.5B shape at batch 64 (BENCHMARKS.md "Sampler", twenty-sixth session).
   """
 
   vocab_size: int

@@ -16,8 +16,10 @@ lowering on the CPU; its GPU test runs the Triton kernel.
 
 Requirements (`supported`): D a multiple of 16. The norm is computed in fp32, so the model uses the kernel only
 with ModelConfig.fp32_upcast (as its RMSNorm then does).
-Not yet measured on a GPU: 'xla' is the default. experiments/bench_decode_add_norm.py times it alone, and
-experiments/profile_decode.py --decode-add-norm pallas end to end (experiments/decode_kernels_ab.sh).
+Measured slower on an H200 (0.5B shape, B = 64; BENCHMARKS.md "Sampler", twenty-sixth session), so 'xla' stays the
+default: bench_sampler with it ran 44,901 against 46,943 decode tok/s (-4.4 %, down projection in 4 splits), and
+with decode_down's earlier 19 splits 12 % slower (with decode_fusion and the unrolled merge). Its time alone
+(experiments/bench_decode_add_norm.py) is not yet measured.
 """
 
 from __future__ import annotations

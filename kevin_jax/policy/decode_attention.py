@@ -20,7 +20,8 @@ The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions
 runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third
 session); `merge='unrolled'` writes the same sums as a chain of elementwise ops over the splits' slices, which
 XLA's GEMM fusion may take into the o projection's operand, dropping that kernel. The two agree to fp32 rounding
-(tests); which is faster end to end is measured by experiments/profile_decode.py --kernel-opts (not yet on a GPU).
+(tests). End to end on an H200 the unrolled merge gained nothing: bench_sampler at 0.5B, B = 64 ran 46,896 against
+46,943 decode tok/s with 'reduce' (BENCHMARKS.md "Sampler", twenty-sixth session), so 'reduce' stays the default.
 
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and

@@ -83,8 +83,9 @@ class SamplerConfig:
     decode_fusion: compile the decode loop (only it) with XLA's multi-output Triton fusions
       (DECODE_FUSION_OPTIONS), which can merge a decode layer's residual add with the next RMSNorm; the prefill
       and every other compilation of the process keep XLA's defaults. Opt-in: as a process-wide XLA flag it gave
-      +2.5 % (fourteenth session); on top of the split down projection its share is not yet measured apart
-      (BENCHMARKS.md "Sampler", twenty-first session). tests/test_policy_gpu.py passes with it.
+      +2.5 % (fourteenth session); on top of the twenty-sixth session's decode kernels it gave +0.3 % in
+      bench_sampler (47,098 against 46,943 tok/s at 0.5B, B = 64), within the 0.8 % between two runs of one setting
+      (BENCHMARKS.md "Sampler"). tests/test_policy_gpu.py passes with it.
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
