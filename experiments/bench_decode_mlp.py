@@ -153,9 +153,9 @@ def main(argv=None) -> None:
   ap.add_argument("--configs", default="32x128x4x3,16x128x4x3,64x128x4x3,32x64x4x3,32x128x8x3,32x128x4x4",
                   help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m], "
                   "comma-separated")
-  ap.add_argument("--down-configs", default="64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,32x64x0x4x3,"
-                  "64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = auto) x num_warps x "
-                  "num_stages")
+  ap.add_argument("--down-configs", default="64x64x4x4x5,64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,"
+                  "32x64x0x4x3,64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = "
+                  "pick_splits) x num_warps x num_stages (the first: the default)")
   ap.add_argument("--oproj-configs", default="16x128x4x3,16x128x4x5,16x128x4x7,32x128x4x5,16x64x4x7",
                   help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages (the first: the default)")
   add_round_args(ap)

@@ -101,8 +101,9 @@ def main(argv=None) -> None:
   ap.add_argument("--slots", type=int, default=2048, help="cache slots per row")
   ap.add_argument("--layers", type=int, default=24, help="weight and cache sets per pass (24: the 0.5B model)")
   ap.add_argument("--reps", type=int, default=50)
-  ap.add_argument("--configs", default="64x16x4x3,32x16x4x3,16x16x4x3,64x32x4x3,64x16x2x3,64x16x4x2",
-                  help="Pallas versions: block_m x block_w x num_warps x num_stages, comma-separated")
+  ap.add_argument("--configs", default="64x16x4x5,64x16x4x3,32x16x4x3,16x16x4x3,64x32x4x3,64x16x2x3",
+                  help="Pallas versions: block_m x block_w x num_warps x num_stages, comma-separated (the first: the "
+                  "default)")
   add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
