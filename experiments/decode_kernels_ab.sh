@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the decode step's kernels, in GPU calls of under 10 minutes each (carry .whl; part 3 with the
-# variant `base` also .ab_base). In the order to run them (a session has 30 minutes of device time: parts 1, 3,
-# 2 and 4a fit in about 20 of them, if the machine starts once and stays warm):
+# variant `base` also .ab_base). A session has 30 minutes of device time, and a machine goes back 30 s after a
+# call: join parts into one call (below). On 2026-12-05 `1q+5` took 4 + 5 minutes, `5+2n` 5 + 2.
 #
 #   bash experiments/decode_kernels_ab.sh prep  # HERE, not on the GPU host: .ab_base/ = the baseline tree (commit
 #                                               # eac7616's kevin_jax and profile scripts), for part 3's `base`
@@ -47,7 +47,7 @@ tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py"
 gpu_tests_new="tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu"  # the twenty-fifth session's options
 # attention: block_k x splits x warps x stages x balance; its bench timed only XLA and the default in 150 s
-# (2026-12-05): give it a call of its own (AB part 1 alone) before adding configs
+# (2026-12-05): give its stage a longer limit, in a call of its own, before adding configs
 attn="64x0x4x2x0,64x0x4x3x1,64x0x2x3x1,128x0x4x3x1"
 qkv="64x16x4x5,64x16x4x3,64x16x4x7,32x16x4x5,16x16x2x7"  # 16-row blocks with 4 warps: slower (2026-12-05)
 # front: block_n x block_d x warps x stages [x block_m]; F / 64 = 76 programs at 0.5B leave 56 of 132 SMs idle, but
@@ -65,8 +65,7 @@ PART3=("new:" "unrolled:$attn_opts:merge=unrolled" "balance:$attn_opts:balance=1
        "fusion:--decode-fusion 1")
 PART3B=("new:" "oproj:--decode-out pallas" "oproj_addnorm:--decode-out pallas --decode-add-norm pallas" \
         "bal_unrolled:$attn_opts:balance=1,merge=unrolled")
-PART5=("new:" "addnorm:--decode-add-norm pallas" "addnorm_unrolled:--decode-add-norm pallas $attn_opts:merge=unrolled" \
-       "all:--decode-add-norm pallas --decode-fusion 1 $attn_opts:merge=unrolled")
+PART5=("new:" "fusion:--decode-fusion 1")  # add + norm and the unrolled merge lost on 2026-12-05
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
