@@ -83,6 +83,20 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
     done
   done
 }
+usage() {
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 1q 2 2n 3 3b 5 4a 4 (see the header)" >&2
+  exit 2
+}
+# Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that
+# writes their winners' --kernel-opts value to $OUT/winners.txt for later stages of the same call.
+qkv_stage() {
+  echo "qkv=$1=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
+}
+mlp_stage() {
+  echo "mlp=$1=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts $2 --configs $front \
+--down-configs $down --out \$OUT/mlp"
+}
+winners="winners=15=python3 experiments/decode_winners.py \$OUT --write \$OUT/winners.txt"
 [ "${1:-}" = prep ] && { rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax \
   experiments/profile_decode.py experiments/xla_profile.py | tar -x -C .ab_base && \
   echo "built .ab_base (git-ignored) from $BASE"; exit; }
@@ -90,18 +104,10 @@ parts=${1:-}; shift || true
 stages=()
 for part in ${parts//+/ }; do
   case "$part" in
-    1) stages+=(
-         "attn=200=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn"
-         "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
-         "mlp=200=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down,oproj \
---configs $front --down-configs $down --out \$OUT/mlp"
-         "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm"
-         "winners=15=python3 experiments/decode_winners.py \$OUT --write \$OUT/winners.txt") ;;
-    1q) stages+=(  # the q/k/v and MLP kernels only, and their winners for later stages of the same call
-         "qkv=60=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
-         "mlp=140=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front,down \
---configs $front --down-configs $down --out \$OUT/mlp"
-         "winners=15=python3 experiments/decode_winners.py \$OUT --write \$OUT/winners.txt") ;;
+    1) stages+=("attn=200=python3 experiments/bench_decode_attention.py --configs $attn --out \$OUT/attn"
+                "$(qkv_stage 80)" "$(mlp_stage 200 front,down,oproj)"
+                "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm" "$winners") ;;
+    1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
@@ -111,9 +117,8 @@ for part in ${parts//+/ }; do
     4a) stages+=("bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
 --out \$OUT/bench_sampler") ;;
     4) stages+=("bench_sampler=560=python3 experiments/bench_sampler.py --budget-s 540 --out \$OUT/bench_sampler") ;;
-    *) echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 1q 2 2n 3 3b 5 4a 4 (see the header)" >&2
-       exit 2 ;;
+    *) usage ;;
   esac
 done
-[ ${#stages[@]} -gt 0 ] || { echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...] (see the header)" >&2; exit 2; }
+[ ${#stages[@]} -gt 0 ] || usage
 exec bash experiments/gpu_session.sh "${stages[@]}"
