@@ -26,8 +26,9 @@ def load(root: str) -> dict:
     with open(path, encoding="utf-8") as fh:
       res = json.load(fh)
     a = res["args"]
+    head = f"head={a['decode_head']} " if a.get("decode_head", "xla") != "xla" else ""
     settings = (f"add_norm={a.get('decode_add_norm')} fusion={a.get('decode_fusion')} out={a.get('decode_out')} "
-                f"{a.get('kernel_opts') or ''}").strip()
+                f"{head}{a.get('kernel_opts') or ''}").strip()
     for model in res["models"].values():
       for run in model.get("jax", {}).get("runs", []):
         out[m.group(1)].append((int(m.group(2)), run, settings))

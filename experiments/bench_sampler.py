@@ -110,7 +110,8 @@ def jax_worker(args) -> dict:
   rng = np.random.RandomState(args.seed)
   kw = dict(max_new_tokens=args.new_tokens, temperature=0.9, top_p=1.0, top_k=0)
   samplers = {b: Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(args.prompt_len,),
-                                                  kv_cache_dtype="bfloat16", decode_fusion=bool(args.decode_fusion)))
+                                                  kv_cache_dtype="bfloat16", decode_fusion=bool(args.decode_fusion),
+                                                  decode_head=args.decode_head))
               for b in args.batches}
   # Compile every batch size's prefill + decode concurrently (XLA compiles outside the GIL): saves wall time.
   t = time.perf_counter()
@@ -214,7 +215,7 @@ def _run_worker(kind: str, args, model: str, weights_dir: str, out_dir: str, tim
          "--hf-new-tokens", str(args.hf_new_tokens), "--seed", str(args.seed), "--attention", args.attention,
          "--decode-attention", args.decode_attention, "--decode-qkv", args.decode_qkv, "--decode-out",
          args.decode_out, "--decode-add-norm", args.decode_add_norm, "--decode-fusion", str(args.decode_fusion),
-         "--kernel-opts", args.kernel_opts,
+         "--decode-head", args.decode_head, "--kernel-opts", args.kernel_opts,
          "--dump-dir", dump, "--json", os.path.join(out_dir, f"{kind}_{model}.json")]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_REPO + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
@@ -268,6 +269,8 @@ def main(argv=None):
                  help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
   p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
                  help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
+  p.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas"),
+                 help="SamplerConfig.decode_head (pallas: the LM head and the draw in one kernel)")
   p.add_argument("--kernel-opts", default="", help="decode kernels' keyword arguments in the JAX worker, e.g. "
                  "'decode_attention.decode_attention:merge=unrolled' (experiments/kernel_opts.py)")
   p.add_argument("--seed", type=int, default=0)
@@ -358,7 +361,7 @@ def write_summary(results: dict, args, final: bool) -> None:
       f"size, compiled concurrently. Whole run {results.get('wall_s', 0):.0f}s"
       + ("." if final else " (partial)."),
       f"Decode kernels: decode_attention={args.decode_attention}, decode_qkv={args.decode_qkv}, decode_out="
-      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_fusion={args.decode_fusion}; kernel "
+      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
       f"options: {args.kernel_opts or 'defaults'}.",
   ]
   for model, entry in results["models"].items():

@@ -31,3 +31,13 @@ def test_table_means_and_ratios(tmp_path):
   assert len(lines) == 4
   with pytest.raises(SystemExit, match="no bench_sampler results"):
     bench_ab_table.table(bench_ab_table.load(str(tmp_path / "logs")))
+
+
+def test_settings_name_the_fused_head(tmp_path):
+  """decode_head shows in the settings only when it is not the default 'xla' (older results have no such arg)."""
+  _write(tmp_path, "new1", 46000.0, 0.46)
+  _write(tmp_path, "head1", 48300.0, 0.48, decode_head="pallas")
+  _write(tmp_path, "head2", 48500.0, 0.49, decode_head="pallas")
+  lines = bench_ab_table.table(bench_ab_table.load(str(tmp_path))).splitlines()
+  assert lines[2].endswith("| add_norm=xla fusion=0 out=xla |")
+  assert lines[3] == "| head | 48,300 / 48,500 | 48,400 | 1.052 | 48.5 % | add_norm=xla fusion=0 out=xla head=pallas |"

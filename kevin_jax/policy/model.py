@@ -469,14 +469,23 @@ class Qwen2(nnx.Module):
       h_BxTxD = apply(layer, h_BxTxD, positions_BxT, attn_mask_BxT)
     return self.final_norm(h_BxTxD)
 
-  def logits(self, h_BxTxD: Array) -> Array:
-    """LM-head logits [B, T, V]: fp32 when cfg.fp32_upcast, else compute dtype (fp32 accumulation)."""
-    out = jnp.float32 if self.cfg.fp32_upcast else self.cfg.compute_jnp_dtype
+  @property
+  def logits_dtype(self):
+    """The logits' dtype: fp32 when cfg.fp32_upcast, else the compute dtype."""
+    return jnp.float32 if self.cfg.fp32_upcast else self.cfg.compute_jnp_dtype
+
+  def head_weight(self) -> tuple[Array, bool]:
+    """(the LM head's weight in the compute dtype, whether it is [V, D]: the tied embedding; else [D, V])."""
     dt = self.cfg.compute_jnp_dtype
-    h = h_BxTxD.astype(dt)
     if self.cfg.tie_word_embeddings:
-      return _wide_out_matmul("btd,vd->btv", h, self.embed.embedding[...].astype(dt), out)
-    return _wide_out_matmul("btd,dv->btv", h, self.lm_head.kernel[...].astype(dt), out)
+      return self.embed.embedding[...].astype(dt), True
+    return self.lm_head.kernel[...].astype(dt), False
+
+  def logits(self, h_BxTxD: Array) -> Array:
+    """LM-head logits [B, T, V] in logits_dtype (fp32 accumulation)."""
+    w, head_vd = self.head_weight()
+    h = h_BxTxD.astype(self.cfg.compute_jnp_dtype)
+    return _wide_out_matmul("btd,vd->btv" if head_vd else "btd,dv->btv", h, w, self.logits_dtype)
 
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None = None,
                cache: KVCache | None = None, cache_slot: Array | int = 0,

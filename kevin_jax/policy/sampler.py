@@ -58,6 +58,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from kevin_jax.policy import decode_head as head_kernel
 from kevin_jax.policy.config import ModelConfig
 from kevin_jax.policy.decode_attention import BLOCK_K, SlotRanges
 from kevin_jax.policy.model import KVCache, Qwen2
@@ -66,6 +67,7 @@ Array = jax.Array
 STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are matched on the host only)
 _FINISH = ("length", "eos", "stop")
 _NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
+_DECODE_HEAD = ("xla", "auto", "pallas", "interpret")
 TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode_loop is traced (tests assert no recompilation)
 
 
@@ -86,6 +88,12 @@ class SamplerConfig:
       +2.5 % (fourteenth session); on top of the twenty-sixth session's decode kernels it gave +0.3 % in
       bench_sampler (47,098 against 46,943 tok/s at 0.5B, B = 64), within the 0.8 % between two runs of one setting
       (BENCHMARKS.md "Sampler"). tests/test_policy_gpu.py passes with it.
+    decode_head: the LM head and the draw, in prefill and decode steps: 'xla' (the default: the head's GEMM writes
+      the [B, V] logits, then sample_logits) | 'auto' (the one Pallas kernel of policy/decode_head.py on a GPU, for
+      batches of at most decode_head.MAX_ROWS rows, where its shape rule holds, else 'xla') | 'pallas' |
+      'interpret' (CPU tests). The kernel does temperature sampling and greedy decoding only: with top_k > 0 or
+      top_p < 1 every setting takes the 'xla' path. It draws its Gumbel noise from a hash of the same per-row
+      keys, so for one seed it samples other tokens than 'xla' does, from the same distribution.
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
@@ -96,8 +104,11 @@ class SamplerConfig:
   top_k: int = 0
   reduce_chunks: int = 32
   decode_fusion: bool = False
+  decode_head: str = "xla"
 
   def __post_init__(self):
+    if self.decode_head not in _DECODE_HEAD:
+      raise ValueError(f"decode_head must be one of {_DECODE_HEAD}, got {self.decode_head!r}")
     if self.reduce_chunks < 1:
       raise ValueError(f"reduce_chunks must be >= 1, got {self.reduce_chunks}")
     if self.batch_size <= 0:
@@ -111,7 +122,7 @@ class SamplerConfig:
     """From the `config.sampler` ConfigDict section."""
     return cls(batch_size=c.batch_size, prompt_buckets=tuple(c.prompt_buckets), kv_cache_dtype=c.kv_cache_dtype,
                max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-               decode_fusion=c.decode_fusion)
+               decode_fusion=c.decode_fusion, decode_head=c.decode_head)
 
 
 @dataclasses.dataclass
@@ -252,7 +263,7 @@ def _fold_keys(keys_Bx2: Array, step: Array) -> Array:
 
 
 _STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "use_top_p", "valid_vocab", "reduce_chunks",
-           "cache_dtype", "batch_sharding")
+           "decode_head", "cache_dtype", "batch_sharding")
 
 
 def _finish(tok_B, window_BxL, count_B, done_B, reason_B, eos_Q, stop_seqs_ExL):
@@ -271,9 +282,32 @@ def _finish(tok_B, window_BxL, count_B, done_B, reason_B, eos_Q, stop_seqs_ExL):
   return window_BxL, done_B | is_eos_B | is_stop_B, reason_B
 
 
-def _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks):
-  return functools.partial(sample_logits, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                           use_top_p=use_top_p, valid_vocab=valid_vocab, reduce_chunks=reduce_chunks)
+def head_impl(decode_head: str, model_cfg: ModelConfig, rows: int, top_k: int, use_top_p: bool) -> str:
+  """SamplerConfig.decode_head for `rows` rows, 'auto' resolved: 'xla' | 'pallas' | 'interpret'."""
+  if top_k > 0 or use_top_p:
+    return "xla"
+  if decode_head == "auto":
+    fits = head_kernel.supported(model_cfg.hidden_size, model_cfg.vocab_size) and rows <= head_kernel.MAX_ROWS
+    return "pallas" if fits and jax.default_backend() == "gpu" else "xla"
+  return decode_head
+
+
+def _sampler_fn(model: Qwen2, decode_head, temperature, top_p, top_k, greedy, use_top_p, valid_vocab,
+                reduce_chunks):
+  """fn(h_BxD final-normed hidden states, keys_B) -> (token_B, raw logprob_B, sampling logprob_B): the LM head and
+  sample_logits, or decode_head's kernel (SamplerConfig.decode_head)."""
+
+  def fn(h_BxD, keys_B):
+    impl = head_impl(decode_head, model.cfg, h_BxD.shape[0], top_k, use_top_p)
+    if impl == "xla":
+      return sample_logits(model.logits(h_BxD[:, None])[:, 0], keys_B, temperature, top_p, top_k=top_k,
+                           greedy=greedy, use_top_p=use_top_p, valid_vocab=valid_vocab, reduce_chunks=reduce_chunks)
+    w, head_vd = model.head_weight()
+    return head_kernel.sample(h_BxD, w, keys_B, temperature, head_vd=head_vd, greedy=greedy,
+                              valid_vocab=valid_vocab, logits_dtype=model.logits_dtype,
+                              interpret=impl == "interpret")
+
+  return fn
 
 
 def _constrain(x, batch_sharding):
@@ -290,22 +324,22 @@ def _gen_slots(max_new_tokens: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temperature, top_p, eos_Q,
-             stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype,
-             batch_sharding):
+             stop_seqs_ExL, *, max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, decode_head,
+             cache_dtype, batch_sharding):
   """Fills slots [0, P) of a [B, K, P + _gen_slots(max_new_tokens), H] cache and samples token 0; returns the
   loop carry."""
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
   b, p = prompts_BxP.shape
   n = max_new_tokens
-  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
+  sample = _sampler_fn(model, decode_head, temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
   cache = KVCache.zeros(model.cfg, b, p + _gen_slots(n), jnp.dtype(cache_dtype))
   cache = jax.tree.map(lambda x: _constrain(x, batch_sharding), cache)
   positions_BxP = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
   mask_BxP = positions_BxP < lengths_B[:, None]
   h_BxPxD, cache = model.hidden_with_cache(prompts_BxP, positions_BxP, mask_BxP, cache, 0)
   last_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None], axis=1)
-  tok_B, raw_B, samp_B = sample(model.logits(last_Bx1xD)[:, 0], _fold_keys(keys_Bx2, 0))
+  tok_B, raw_B, samp_B = sample(last_Bx1xD[:, 0], _fold_keys(keys_Bx2, 0))
   count_B = jnp.ones((b,), jnp.int32)  # tokens emitted per row (including the one that finished it)
   window_BxL, done_B, reason_B = _finish(tok_B, jnp.full((b, stop_seqs_ExL.shape[1]), -1, jnp.int32), count_B,
                                          ~active_B, jnp.zeros((b,), jnp.int32), eos_Q, stop_seqs_ExL)
@@ -316,7 +350,8 @@ def _prefill(graphdef, state, prompts_BxP, lengths_B, active_B, keys_Bx2, temper
 
 
 def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p, eos_Q, stop_seqs_ExL, *,
-                 max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, cache_dtype, batch_sharding):
+                 max_new_tokens, top_k, greedy, use_top_p, valid_vocab, reduce_chunks, decode_head, cache_dtype,
+                 batch_sharding):
   """The decode loop (lax.while_loop on device) until every row is done or max_new_tokens tokens exist.
 
   `carry` (cache and output buffers) is donated: the cache is updated in place, never copied.
@@ -324,7 +359,7 @@ def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p
   del cache_dtype, batch_sharding
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
-  sample = _sampler_fn(temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
+  sample = _sampler_fn(model, decode_head, temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
 
   def cond(c):
     return (c["i"] < max_new_tokens) & ~jnp.all(c["done"])
@@ -337,7 +372,7 @@ def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p
     # Visible: the row's real prompt slots and the generated slots up to and including this one.
     visible = SlotRanges(prompt_len_B=lengths_B, gen_len=i, gen_start=p)
     h_Bx1xD, cache = model.hidden_with_cache(c["last"][:, None], pos_Bx1, None, c["cache"], p + i - 1, visible)
-    tok_B, raw_B, samp_B = sample(model.logits(h_Bx1xD)[:, 0], _fold_keys(keys_Bx2, i))
+    tok_B, raw_B, samp_B = sample(h_Bx1xD[:, 0], _fold_keys(keys_Bx2, i))
     live_B = ~c["done"]
     tok_B = jnp.where(live_B, tok_B, 0)
     put = lambda buf, x_B: jax.lax.dynamic_update_slice(buf, x_B[:, None], (0, i))
@@ -444,7 +479,8 @@ class Sampler:
     valid_vocab = min(self.model_cfg.vocab_size, self.tokenizer.vocab_size) if self.tokenizer is not None else (
         self.model_cfg.vocab_size)
     statics = dict(max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0, use_top_p=top_p < 1.0,
-                   valid_vocab=valid_vocab, reduce_chunks=c.reduce_chunks, cache_dtype=c.kv_cache_dtype,
+                   valid_vocab=valid_vocab, reduce_chunks=c.reduce_chunks, decode_head=c.decode_head,
+                   cache_dtype=c.kv_cache_dtype,
                    batch_sharding=None if self.mesh is None else (self.mesh, self.batch_axes))
     t0 = time.perf_counter()
     temp, tp, eos_q = jnp.float32(1.0), jnp.float32(top_p), np.asarray([-1], np.int32)
@@ -520,8 +556,8 @@ class Sampler:
         sh = lambda x: NamedSharding(self.mesh, P(self.batch_axes, *([None] * (x.ndim - 1))))
         args = [jax.device_put(a, sh(a)) for a in args]
       statics = dict(max_new_tokens=max_new, top_k=top_k, greedy=temperature == 0.0, use_top_p=top_p < 1.0,
-                     valid_vocab=valid_vocab, reduce_chunks=c.reduce_chunks, cache_dtype=c.kv_cache_dtype,
-                     batch_sharding=batch_sharding)
+                     valid_vocab=valid_vocab, reduce_chunks=c.reduce_chunks, decode_head=c.decode_head,
+                     cache_dtype=c.kv_cache_dtype, batch_sharding=batch_sharding)
       temp, tp = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
       toks, lengths, active, keys = args
       t0 = time.perf_counter()
