@@ -69,6 +69,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
   c.sampler.decode_fusion = False  # Compile the decode loop alone with XLA's multi-output Triton fusions (opt-in:
   #   +0.3 % decode tok/s at 0.5B, batch 64, within run-to-run spread; BENCHMARKS.md "Sampler").
+  c.sampler.decode_head = "xla"  # The LM head and the draw: 'xla' (GEMM, then sample_logits) | 'auto' (the one Pallas
+  #   kernel of kevin_jax/policy/decode_head.py on a GPU, batches <= 64, temperature or greedy only) | 'pallas'.
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()

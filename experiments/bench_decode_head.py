@@ -10,7 +10,8 @@ microseconds per call and the head's bytes over that time. Versions alternate wi
 round 0 also compares each version's greedy raw log-probs with XLA's (max |diff| over max |XLA|). Writes
 results.json and prints a table.
 
-A Pallas config is block_n x block_d x num_warps x num_stages (the first: the kernel's defaults).
+A Pallas config is block_n x block_d x num_warps x num_stages (the first: the kernel's defaults); `pallas greedy`
+and `xla greedy` time the first config and XLA drawing greedily (the draw's arithmetic left out).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def _versions(configs: str, interpret: bool) -> dict:
       return decode_head.finish(stats, h.shape[0], t, greedy)
 
     versions[f"pallas {c}"] = pallas
+  first = versions[f"pallas {configs.split(',')[0]}"]
+  # The first config drawing greedily (no Gumbel noise, no second exp): what the draw's arithmetic costs.
+  versions["pallas greedy"] = lambda h, w, keys, t, greedy: first(h, w, keys, t, True)
+  xla_greedy = versions["xla"]
+  versions["xla greedy"] = lambda h, w, keys, t, greedy: xla_greedy(h, w, keys, t, True)
   return versions
 
 
