@@ -11,7 +11,9 @@ round 0 also compares each version's greedy raw log-probs with XLA's (max |diff|
 results.json and prints a table.
 
 A Pallas config is block_n x block_d x num_warps x num_stages (the first: the kernel's defaults); `pallas greedy`
-and `xla greedy` time the first config and XLA drawing greedily (the draw's arithmetic left out).
+and `xla greedy` time the first config and XLA drawing greedily (the draw's arithmetic left out). A `stats` config
+(block_m x block_n x num_warps) times XLA's GEMM writing the logits + logits_stats reading them once
+(decode_head.sample with fuse_gemm off).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from kevin_jax.policy.sampler import sample_logits  # pylint: disable=wrong-impo
 SHAPES = {"0.5b": (896, 151936), "1.5b": (1536, 151936), "small": (256, 4096)}
 
 
-def _versions(configs: str, interpret: bool) -> dict:
+def _versions(configs: str, stats_configs: str, interpret: bool) -> dict:
   """name -> fn(h, w, keys, temperature, greedy) -> (token, raw logprob, sampling logprob)."""
 
   def xla(h, w, keys, t, greedy):
@@ -53,6 +55,16 @@ def _versions(configs: str, interpret: bool) -> dict:
       return decode_head.finish(stats, h.shape[0], t, greedy)
 
     versions[f"pallas {c}"] = pallas
+  for c in filter(None, stats_configs.split(",")):
+    bm, bn, nw = (int(v) for v in c.split("x"))
+
+    def stats(h, w, keys, t, greedy, bm=bm, bn=bn, nw=nw):
+      logits = jnp.einsum("bd,vd->bv", h, w, preferred_element_type=jnp.float32)
+      st = decode_head.logits_stats(logits, keys, t, greedy=greedy, valid_vocab=w.shape[0], block_m=bm, block_n=bn,
+                                    num_warps=nw, interpret=interpret)
+      return decode_head.finish(st, h.shape[0], t, greedy)
+
+    versions[f"stats {c}"] = stats
   first = versions[f"pallas {configs.split(',')[0]}"]
   # The first config drawing greedily (no Gumbel noise, no second exp): what the draw's arithmetic costs.
   versions["pallas greedy"] = lambda h, w, keys, t, greedy: first(h, w, keys, t, True)
@@ -82,8 +94,10 @@ def main(argv=None) -> None:
   ap.add_argument("--shapes", default="0.5b")
   ap.add_argument("--batches", default="64")
   ap.add_argument("--reps", type=int, default=50)
-  ap.add_argument("--configs", default="128x128x4x3,128x128x8x3,128x128x4x2,128x128x8x2,64x128x4x3,128x64x4x4",
+  ap.add_argument("--configs", default="64x128x4x3,64x128x8x3,64x128x4x4,64x128x8x2,32x128x4x3,128x128x8x3",
                   help="Pallas versions: block_n x block_d x num_warps x num_stages, comma-separated")
+  ap.add_argument("--stats-configs", default="32x128x4,16x128x4,64x128x8,32x128x8",
+                  help="XLA's GEMM + logits_stats versions: block_m x block_n x num_warps, comma-separated")
   add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
@@ -95,7 +109,7 @@ def main(argv=None) -> None:
     for b in (int(s) for s in a.batches.split(",")):
       h = jnp.asarray(rng.standard_normal((b, d), np.float32), jnp.bfloat16)
       keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(0), i))(jnp.arange(b))
-      versions = _versions(a.configs, a.interpret)
+      versions = _versions(a.configs, a.stats_configs, a.interpret)
       want = np.asarray(jax.jit(lambda *x: versions["xla"](*x, True)[1])(h, w, keys, jnp.float32(1.0)))
 
       def max_rel_diff(fn, h=h, keys=keys, want=want):

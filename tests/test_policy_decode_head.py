@@ -2,6 +2,8 @@
 interpret mode on the CPU, its hash noise and the distribution it draws from, its Triton lowering, and on the GPU
 (marker gpu; JAX_PLATFORMS=cuda,cpu) compiled by Triton."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,15 +66,37 @@ def test_kernel_matches_reference_and_log_softmax_fp32(b, d, v, head_vd, greedy,
     assert len(set(tok.tolist())) > 1
 
 
+@pytest.mark.parametrize("b,v,greedy,valid,block_m", [(5, 384, False, 300, 32), (16, 512, True, 500, 16),
+                                                     (64, 256, False, 256, 32)])
+def test_logits_stats_matches_reference(b, v, greedy, valid, block_m):
+  """The stats-only kernel (XLA's GEMM writes the logits; sample(fuse_gemm=False)) in interpret mode: the same
+  tokens as `reference`, log-probs within fp32 rounding."""
+  h, w, keys = _case(b, 64, v, jnp.float32, True, seed=3)
+  t = jnp.float32(1.3)
+  logits = jnp.einsum("bd,vd->bv", h, w, precision=jax.lax.Precision.HIGHEST)
+  stats = decode_head.logits_stats(logits, keys, t, greedy=greedy, valid_vocab=valid, block_m=block_m,
+                                   interpret=True)
+  got = [np.asarray(a) for a in decode_head.finish(stats, b, t, greedy)]
+  want = [np.asarray(a) for a in decode_head.reference(h, w, keys, t, head_vd=True, greedy=greedy,
+                                                       valid_vocab=valid)]
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)
+  np.testing.assert_allclose(got[2], want[2], rtol=0, atol=1e-5)
+  via_sample = decode_head.sample(h, w, keys, t, head_vd=True, greedy=greedy, valid_vocab=valid, fuse_gemm=False,
+                                  interpret=True)
+  np.testing.assert_array_equal(np.asarray(via_sample[0]), want[0])
+
+
 def test_masked_columns_are_never_picked():
   """Columns >= valid_vocab with by far the largest logits: greedy and sampling still pick a valid column, and the
   raw log-prob keeps them in its normaliser (log_softmax over the full vocabulary)."""
   b, d, v, valid = 8, 32, 256, 200
   h, w, keys = _case(b, d, v, jnp.float32, True, seed=1)
   w = w.at[valid:].set(h[0] * 10.0)  # aligned with the hidden states: logits of ~10 |h|^2
-  for greedy in (True, False):
+  for greedy, fuse in ((True, True), (False, True), (False, False)):
     tok, raw, _ = (np.asarray(a) for a in decode_head.sample(h, w, keys, jnp.float32(1.0), head_vd=True,
-                                                            greedy=greedy, valid_vocab=valid, interpret=True))
+                                                            greedy=greedy, valid_vocab=valid, fuse_gemm=fuse,
+                                                            interpret=True))
     assert np.all(tok < valid)
     logits = _logits64(h, w, True)
     np.testing.assert_allclose(raw, _log_softmax(logits)[np.arange(b), tok], rtol=0, atol=1e-4)
@@ -142,8 +166,9 @@ def test_draws_follow_the_softmax(temperature):
 
 @pytest.mark.parametrize("head_vd", [True, False])
 def test_lowers_to_triton(head_vd):
-  """The kernel lowers through Pallas' Triton backend for a GPU target on the CPU (0.5B shape, 64 rows): one
-  Triton call that takes the whole head, greedy and sampling."""
+  """The kernels lower through Pallas' Triton backend for a GPU target on the CPU (0.5B shape, 64 rows): one
+  Triton call that takes the whole head (head_stats) or the whole [64, V] logits (logits_stats), greedy and
+  sampling."""
   spec = lambda dt, *shape: jax.ShapeDtypeStruct(shape, dt)
   w = spec(jnp.bfloat16, 151936, 896) if head_vd else spec(jnp.bfloat16, 896, 151936)
   for greedy in (False, True):
@@ -154,6 +179,11 @@ def test_lowers_to_triton(head_vd):
     call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
     shape = "tensor<151936x896xbf16>" if head_vd else "tensor<896x151936xbf16>"
     assert len(call) == 1 and shape in call[0]
+    stats = jax.jit(lambda x, k, t, g=greedy: decode_head.logits_stats(x, k, t, greedy=g, valid_vocab=151665))
+    text = stats.trace(spec(jnp.float32, 64, 151936), spec(jnp.uint32, 64, 2), spec(jnp.float32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+    assert len(call) == 1 and "tensor<64x151936xf32>" in call[0]
 
 
 def test_shape_rules_and_errors():
@@ -182,8 +212,9 @@ def test_head_impl_resolution():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_vd,greedy", [(True, False), (False, True), (True, True)])
-def test_kernel_on_gpu(head_vd, greedy):
+@pytest.mark.parametrize("head_vd,greedy,fuse", [(True, False, True), (False, True, True), (True, True, True),
+                                                 (True, False, False)])
+def test_kernel_on_gpu(head_vd, greedy, fuse):
   """Compiled by Triton at the 0.5B shape (64 rows, 151,936 columns, bf16 head, fp32 logits): the same tokens as
   `reference` (XLA on the GPU) for all but near-ties, log-probs within bf16-GEMM accumulation-order differences."""
   if jax.default_backend() != "gpu":
@@ -191,7 +222,7 @@ def test_kernel_on_gpu(head_vd, greedy):
   h, w, keys = _case(64, 896, 151936, jnp.bfloat16, head_vd, seed=4)
   t = jnp.float32(0.9)
   kw = dict(head_vd=head_vd, greedy=greedy, valid_vocab=151665)
-  got = [np.asarray(a) for a in jax.jit(lambda *a: decode_head.sample(*a, **kw))(h, w, keys, t)]
+  got = [np.asarray(a) for a in jax.jit(lambda *a: decode_head.sample(*a, **kw, fuse_gemm=fuse))(h, w, keys, t)]
   want = [np.asarray(a) for a in jax.jit(lambda *a: decode_head.reference(*a, **kw))(h, w, keys, t)]
   assert np.mean(got[0] == want[0]) >= 0.95, np.mean(got[0] == want[0])
   same = got[0] == want[0]
@@ -200,12 +231,16 @@ def test_kernel_on_gpu(head_vd, greedy):
 
 
 @pytest.mark.gpu
-def test_sampler_with_kernel_on_gpu():
-  """Sampler(decode_head='pallas') on the GPU, a tiny fp32 model: log-probs equal a fresh forward pass's within
-  1e-4 (raw and at T = 0.7), the same tokens for one seed twice, and greedy decoding equals the XLA path's."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_sampler_with_kernel_on_gpu(fuse, monkeypatch):
+  """Sampler(decode_head='pallas') on the GPU, a tiny fp32 model (IEEE fp32 matmuls, as the kernel's): log-probs
+  equal a fresh forward pass's within 1e-4 (raw and at T = 0.7), the same tokens for one seed twice, and greedy
+  decoding equals the XLA path's; with the GEMM in the kernel and with XLA's GEMM + logits_stats."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
-  _sampler_check("pallas")
+  monkeypatch.setattr(decode_head, "sample", functools.partial(decode_head.sample, fuse_gemm=fuse))
+  with jax.default_matmul_precision("highest"):
+    _sampler_check("pallas")
 
 
 def _sampler_check(impl):
@@ -230,6 +265,8 @@ def _sampler_check(impl):
   np.testing.assert_allclose(hot.sampling_logprobs[0], _log_softmax(logits / 0.7)[steps, tok], rtol=0, atol=1e-4)
 
 
-def test_sampler_with_kernel_interpret():
-  """The same checks with the kernel in interpret mode on the CPU."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_sampler_with_kernel_interpret(fuse, monkeypatch):
+  """The same checks with the kernels in interpret mode on the CPU."""
+  monkeypatch.setattr(decode_head, "sample", functools.partial(decode_head.sample, fuse_gemm=fuse))
   _sampler_check("interpret")

@@ -41,11 +41,14 @@ from kevin_jax.policy.decode_tiles import EXACT, pick_block
 
 Array = jax.Array
 _NEG = -1e30  # a masked logit, as sample_logits' (finite: a fully masked block gives no NaN)
-BLOCK_N = 128  # vocabulary columns per program at most: V = 151,936 gives 1,187 programs at 64 rows
+BLOCK_N = 64  # vocabulary columns per program at most: V = 151,936 gives 2,374 programs at 64 rows. On an H100 the
+              # kernel alone took 169 us with 64 columns against 225 with 128 (4 warps, 3 stages; XLA's head + draw:
+              # 165-176 us; BENCHMARKS.md "Sampler", twenty-seventh session)
 BLOCK_D = 128  # hidden dimension per loop iteration at most
 BLOCK_M = 64  # rows per program at most
 MAX_ROWS = 64  # SamplerConfig.decode_head='auto' uses the kernel up to this batch (each row block re-reads the
                # whole head: 272 MB at the 0.5B shape)
+FUSE_GEMM = True  # sample(): the head's GEMM inside the kernel, else XLA's GEMM + logits_stats
 _M1, _M2, _GOLDEN = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35), np.uint32(0x9E3779B9)
 
 
@@ -127,11 +130,69 @@ def _kernel(t_ref, k0_ref, k1_ref, x_ref, w_ref, *out_refs, block_d: int, block_
     return acc + jax.lax.dot_general(x_ref[:, ks], w, dims, precision=exact, preferred_element_type=jnp.float32)
 
   logits = jax.lax.fori_loop(0, d // block_d, body, jnp.zeros((m, block_n), jnp.float32))
-  logits = logits.astype(logits_dtype).astype(jnp.float32)
+  _write_stats(out_refs, logits.astype(logits_dtype).astype(jnp.float32), j, t_ref, k0_ref, k1_ref,
+               block_n=block_n, greedy=greedy, valid_vocab=valid_vocab, vocab=vocab)
+
+
+def _write_stats(out_refs, logits, j, t_ref, k0_ref, k1_ref, *, block_n: int, greedy: bool, valid_vocab: int,
+                 vocab: int):
+  """Stores the HeadStats of column block j's fp32 logits [M, block_n]."""
   cols = j * block_n + jnp.arange(block_n, dtype=jnp.int32)
   inv_t = None if greedy else 1.0 / t_ref[0]  # finish scales the picked logit the same way
   for ref, value in zip(out_refs, _block_stats(logits, cols, k0_ref[...], k1_ref[...], inv_t, valid_vocab, vocab)):
     ref[...] = value
+
+
+def _stats_kernel(t_ref, k0_ref, k1_ref, x_ref, *out_refs, block_n: int, greedy: bool, valid_vocab: int,
+                  vocab: int):
+  _write_stats(out_refs, x_ref[...].astype(jnp.float32), pl.program_id(1), t_ref, k0_ref, k1_ref, block_n=block_n,
+               greedy=greedy, valid_vocab=valid_vocab, vocab=vocab)
+
+
+def _key_words(keys_Bx2: Array, rows: int) -> tuple[Array, Array]:
+  """The keys' two uint32 words [rows] each, padded with zeros past B."""
+  keys = jax.random.key_data(keys_Bx2) if jnp.issubdtype(keys_Bx2.dtype, jax.dtypes.prng_key) else keys_Bx2
+  keys = jnp.pad(keys, ((0, rows - keys.shape[0]), (0, 0))).astype(jnp.uint32)
+  return keys[:, 0], keys[:, 1]
+
+
+def _stat_outputs(c: int, rows: int, bm: int):
+  """out_specs and out_shape of the seven [C, R] HeadStats arrays, R in blocks of bm."""
+  stat = lambda dt: jax.ShapeDtypeStruct((c, rows), dt)
+  return ([pl.BlockSpec((None, bm), lambda i, j: (j, i))] * 7,
+          [stat(jnp.float32)] * 4 + [stat(jnp.int32)] + [stat(jnp.float32)] * 2)
+
+
+@functools.partial(jax.jit, static_argnames=("greedy", "valid_vocab", "block_n", "block_m", "num_warps",
+                                             "interpret"))
+def logits_stats(logits_BxV: Array, keys_Bx2: Array, temperature: Array, *, greedy: bool, valid_vocab: int,
+                 block_n: int = 128, block_m: int = 32, num_warps: int = 4, interpret: bool = False) -> HeadStats:
+  """head_stats of logits computed elsewhere (XLA's GEMM): one pass over the [B, V] logits (any float dtype)."""
+  b, v = logits_BxV.shape
+  if keys_Bx2.shape != (b, 2):
+    raise ValueError(f"keys must be [B={b}, 2], got {keys_Bx2.shape}")
+  block_n = pick_block(v, block_n)
+  if not block_n:
+    raise ValueError(f"logits_stats needs V ({v}) a multiple of 16")
+  mp, bm = decode_tiles.row_tiles(b, block_m)
+  k0, k1 = _key_words(keys_Bx2, mp)
+  out_specs, out_shape = _stat_outputs(v // block_n, mp, bm)
+  out = pl.pallas_call(
+      functools.partial(_stats_kernel, block_n=block_n, greedy=greedy, valid_vocab=valid_vocab, vocab=v),
+      grid=(mp // bm, v // block_n),
+      in_specs=[
+          pl.BlockSpec((1,), lambda i, j: (0,)),  # temperature
+          pl.BlockSpec((bm,), lambda i, j: (i,)),  # key words 0
+          pl.BlockSpec((bm,), lambda i, j: (i,)),  # key words 1
+          pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
+      ],
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret,
+      name="kevin_decode_sample_stats",
+  )(jnp.reshape(temperature, (1,)).astype(jnp.float32), k0, k1, jnp.pad(logits_BxV, ((0, mp - b), (0, 0))))
+  return HeadStats(*out)
 
 
 @functools.partial(jax.jit, static_argnames=("head_vd", "greedy", "valid_vocab", "logits_dtype", "block_n",
@@ -154,12 +215,11 @@ def head_stats(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, h
     raise ValueError(f"head_stats needs D ({d}) and V ({v}) multiples of 16")
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = jnp.pad(h_BxD.astype(w.dtype), ((0, mp - b), (0, 0)))
-  keys = jnp.pad(jax.random.key_data(keys_Bx2) if jnp.issubdtype(keys_Bx2.dtype, jax.dtypes.prng_key)
-                 else keys_Bx2, ((0, mp - b), (0, 0))).astype(jnp.uint32)
+  k0, k1 = _key_words(keys_Bx2, mp)
   c = v // block_n
   w_spec = (pl.BlockSpec((block_n, d), lambda i, j: (j, 0)) if head_vd
             else pl.BlockSpec((d, block_n), lambda i, j: (0, j)))
-  stat = lambda dt: jax.ShapeDtypeStruct((c, mp), dt)
+  out_specs, out_shape = _stat_outputs(c, mp, bm)
   out = pl.pallas_call(
       functools.partial(_kernel, block_d=block_d, block_n=block_n, head_vd=head_vd, greedy=greedy,
                         valid_vocab=valid_vocab, vocab=v, logits_dtype=logits_dtype),
@@ -171,12 +231,12 @@ def head_stats(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, h
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
           w_spec,
       ],
-      out_specs=[pl.BlockSpec((None, bm), lambda i, j: (j, i))] * 7,
-      out_shape=[stat(jnp.float32)] * 4 + [stat(jnp.int32)] + [stat(jnp.float32)] * 2,
+      out_specs=out_specs,
+      out_shape=out_shape,
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_head",
-  )(jnp.reshape(temperature, (1,)).astype(jnp.float32), keys[:, 0], keys[:, 1], x, w)
+  )(jnp.reshape(temperature, (1,)).astype(jnp.float32), k0, k1, x, w)
   return HeadStats(*out)
 
 
@@ -200,11 +260,19 @@ def finish(stats: HeadStats, rows: int, temperature: Array, greedy: bool) -> tup
 
 
 def sample(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, head_vd: bool, greedy: bool,
-           valid_vocab: int, logits_dtype=jnp.float32, interpret: bool = False) -> tuple[Array, Array, Array]:
+           valid_vocab: int, logits_dtype=jnp.float32, fuse_gemm: bool | int = FUSE_GEMM,
+           interpret: bool = False) -> tuple[Array, Array, Array]:
   """The LM head and a draw per row: (token_B, raw logprob_B, sampling logprob_B) as sample_logits returns them
-  for top_k = 0 and top_p = 1 (greedy: the argmax and 0), with hash_gumbel's noise."""
-  stats = head_stats(h_BxD, w, keys_Bx2, temperature, head_vd=head_vd, greedy=greedy, valid_vocab=valid_vocab,
-                     logits_dtype=logits_dtype, interpret=interpret)
+  for top_k = 0 and top_p = 1 (greedy: the argmax and 0), with hash_gumbel's noise. fuse_gemm: the head's GEMM
+  inside the kernel (head_stats), else XLA's GEMM writes the logits and logits_stats reads them once."""
+  if fuse_gemm:
+    stats = head_stats(h_BxD, w, keys_Bx2, temperature, head_vd=head_vd, greedy=greedy, valid_vocab=valid_vocab,
+                       logits_dtype=logits_dtype, interpret=interpret)
+  else:
+    logits = jnp.einsum("bd,vd->bv" if head_vd else "bd,dv->bv", h_BxD.astype(w.dtype), w,
+                        preferred_element_type=logits_dtype, precision=EXACT if w.dtype == jnp.float32 else None)
+    stats = logits_stats(logits, keys_Bx2, temperature, greedy=greedy, valid_vocab=valid_vocab,
+                         interpret=interpret)
   return finish(stats, h_BxD.shape[0], temperature, greedy)
 
 
