@@ -71,6 +71,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   +0.3 % decode tok/s at 0.5B, batch 64, within run-to-run spread; BENCHMARKS.md "Sampler").
   c.sampler.decode_head = "xla"  # The LM head and the draw: 'xla' (GEMM, then sample_logits) | 'auto' (the one Pallas
   #   kernel of kevin_jax/policy/decode_head.py on a GPU, batches <= 64, temperature or greedy only) | 'pallas'.
+  #   Opt-in: 1.1-1.5 % slower decode on an H100 at 0.5B, batch 64 (BENCHMARKS.md "Sampler").
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()

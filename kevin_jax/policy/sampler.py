@@ -93,7 +93,9 @@ class SamplerConfig:
       batches of at most decode_head.MAX_ROWS rows, where its shape rule holds, else 'xla') | 'pallas' |
       'interpret' (CPU tests). The kernel does temperature sampling and greedy decoding only: with top_k > 0 or
       top_p < 1 every setting takes the 'xla' path. It draws its Gumbel noise from a hash of the same per-row
-      keys, so for one seed it samples other tokens than 'xla' does, from the same distribution.
+      keys, so for one seed it samples other tokens than 'xla' does, from the same distribution. Opt-in: on an H100
+      it made bench_sampler's decode 1.1-1.5 % slower at 0.5B, B = 64, though 10 % faster than XLA's head + draw
+      alone (BENCHMARKS.md "Sampler", twenty-seventh session).
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
