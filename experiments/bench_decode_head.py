@@ -94,7 +94,7 @@ def main(argv=None) -> None:
   ap.add_argument("--shapes", default="0.5b")
   ap.add_argument("--batches", default="64")
   ap.add_argument("--reps", type=int, default=50)
-  ap.add_argument("--configs", default="64x128x4x3,64x128x8x3,64x128x4x4,64x128x8x2,32x128x4x3,128x128x8x3",
+  ap.add_argument("--configs", default="32x128x4x3,32x128x8x3,32x128x4x4,64x128x8x3,16x128x4x3",
                   help="Pallas versions: block_n x block_d x num_warps x num_stages, comma-separated")
   ap.add_argument("--stats-configs", default="32x128x4,16x128x4,64x128x8,32x128x8",
                   help="XLA's GEMM + logits_stats versions: block_m x block_n x num_warps, comma-separated")

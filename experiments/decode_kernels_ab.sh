@@ -111,8 +111,8 @@ for part in ${parts//+/ }; do
                 "$(qkv_stage 80)" "$(mlp_stage 200 front,down,oproj)"
                 "addnorm=80=python3 experiments/bench_decode_add_norm.py --out \$OUT/addnorm" "$winners") ;;
     h) stages+=("head_tests=100=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_head.py"
-                "head=180=python3 experiments/bench_decode_head.py --configs 64x128x4x3,64x128x8x3,32x128x4x3 \
---stats-configs 32x128x4,16x128x4,64x128x8 --out \$OUT/head") ;;
+                "head=180=python3 experiments/bench_decode_head.py --configs 32x128x4x3,32x128x8x3,32x128x4x4 \
+--stats-configs 16x128x4 --out \$OUT/head") ;;
     1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;

@@ -30,6 +30,18 @@ def _logits64(h, w, head_vd):
   return h64 @ (w64.T if head_vd else w64)
 
 
+def _assert_matches_reference(stats, h, w, keys, t, head_vd, greedy, valid):
+  """finish(stats) against `reference`: the same tokens, log-probs within fp32 rounding; returns finish's arrays."""
+  b = h.shape[0]
+  got = [np.asarray(a) for a in decode_head.finish(stats, b, t, greedy)]
+  want = [np.asarray(a) for a in decode_head.reference(h, w, keys, t, head_vd=head_vd, greedy=greedy,
+                                                       valid_vocab=valid)]
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)
+  np.testing.assert_allclose(got[2], want[2], rtol=0, atol=1e-5)
+  return got
+
+
 def _log_softmax(x):
   x = x - x.max(axis=1, keepdims=True)
   return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
@@ -46,12 +58,7 @@ def test_kernel_matches_reference_and_log_softmax_fp32(b, d, v, head_vd, greedy,
   stats = decode_head.head_stats(h, w, keys, t, head_vd=head_vd, greedy=greedy, valid_vocab=valid, block_n=block_n,
                                  interpret=True)
   assert stats.pick_col.shape == (v // min(block_n, v & -v), max(16, 1 << (b - 1).bit_length()))
-  got = [np.asarray(a) for a in decode_head.finish(stats, b, t, greedy)]
-  want = [np.asarray(a) for a in decode_head.reference(h, w, keys, t, head_vd=head_vd, greedy=greedy,
-                                                       valid_vocab=valid)]
-  np.testing.assert_array_equal(got[0], want[0])
-  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)
-  np.testing.assert_allclose(got[2], want[2], rtol=0, atol=1e-5)
+  got = _assert_matches_reference(stats, h, w, keys, t, head_vd, greedy, valid)
   tok = got[0]
   assert got[0].dtype == np.int32 and np.all((tok >= 0) & (tok < valid))
   logits = _logits64(h, w, head_vd)
@@ -76,15 +83,10 @@ def test_logits_stats_matches_reference(b, v, greedy, valid, block_m):
   logits = jnp.einsum("bd,vd->bv", h, w, precision=jax.lax.Precision.HIGHEST)
   stats = decode_head.logits_stats(logits, keys, t, greedy=greedy, valid_vocab=valid, block_m=block_m,
                                    interpret=True)
-  got = [np.asarray(a) for a in decode_head.finish(stats, b, t, greedy)]
-  want = [np.asarray(a) for a in decode_head.reference(h, w, keys, t, head_vd=True, greedy=greedy,
-                                                       valid_vocab=valid)]
-  np.testing.assert_array_equal(got[0], want[0])
-  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-5)
-  np.testing.assert_allclose(got[2], want[2], rtol=0, atol=1e-5)
+  got = _assert_matches_reference(stats, h, w, keys, t, True, greedy, valid)
   via_sample = decode_head.sample(h, w, keys, t, head_vd=True, greedy=greedy, valid_vocab=valid, fuse_gemm=False,
                                   interpret=True)
-  np.testing.assert_array_equal(np.asarray(via_sample[0]), want[0])
+  np.testing.assert_array_equal(np.asarray(via_sample[0]), got[0])
 
 
 def test_masked_columns_are_never_picked():
