@@ -41,8 +41,7 @@ def _versions(configs: str, stats_configs: str, interpret: bool) -> dict:
   """name -> fn(h, w, keys, temperature, greedy) -> (token, raw logprob, sampling logprob)."""
 
   def xla(h, w, keys, t, greedy):
-    logits = jnp.einsum("bd,vd->bv", h, w, preferred_element_type=jnp.float32)
-    return sample_logits(logits, keys, t, jnp.float32(1.0), top_k=0, greedy=greedy, use_top_p=False,
+    return sample_logits(decode_head.head_logits(h, w, True), keys, t, jnp.float32(1.0), top_k=0, greedy=greedy, use_top_p=False,
                          valid_vocab=w.shape[0])
 
   versions = {"xla": xla}
@@ -59,8 +58,7 @@ def _versions(configs: str, stats_configs: str, interpret: bool) -> dict:
     bm, bn, nw = (int(v) for v in c.split("x"))
 
     def stats(h, w, keys, t, greedy, bm=bm, bn=bn, nw=nw):
-      logits = jnp.einsum("bd,vd->bv", h, w, preferred_element_type=jnp.float32)
-      st = decode_head.logits_stats(logits, keys, t, greedy=greedy, valid_vocab=w.shape[0], block_m=bm, block_n=bn,
+      st = decode_head.logits_stats(decode_head.head_logits(h, w, True), keys, t, greedy=greedy, valid_vocab=w.shape[0], block_m=bm, block_n=bn,
                                     num_warps=nw, interpret=interpret)
       return decode_head.finish(st, h.shape[0], t, greedy)
 

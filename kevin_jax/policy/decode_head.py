@@ -159,7 +159,7 @@ def _stats_kernel(t_ref, k0_ref, k1_ref, x_ref, *out_refs, block_n: int, greedy:
 def _key_words(keys_Bx2: Array, rows: int) -> tuple[Array, Array]:
   """The keys' two uint32 words [rows] each, padded with zeros past B."""
   keys = jax.random.key_data(keys_Bx2) if jnp.issubdtype(keys_Bx2.dtype, jax.dtypes.prng_key) else keys_Bx2
-  keys = jnp.pad(keys, ((0, rows - keys.shape[0]), (0, 0))).astype(jnp.uint32)
+  keys = decode_tiles.pad_rows(keys, rows).astype(jnp.uint32)
   return keys[:, 0], keys[:, 1]
 
 
@@ -198,7 +198,7 @@ def logits_stats(logits_BxV: Array, keys_Bx2: Array, temperature: Array, *, gree
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret,
       name="kevin_decode_sample_stats",
-  )(jnp.reshape(temperature, (1,)).astype(jnp.float32), k0, k1, jnp.pad(logits_BxV, ((0, mp - b), (0, 0))))
+  )(jnp.reshape(temperature, (1,)).astype(jnp.float32), k0, k1, decode_tiles.pad_rows(logits_BxV, mp))
   return HeadStats(*out)
 
 
@@ -221,7 +221,7 @@ def head_stats(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, h
   if not (block_d and block_n):
     raise ValueError(f"head_stats needs D ({d}) and V ({v}) multiples of 16")
   mp, bm = decode_tiles.row_tiles(b, block_m)
-  x = jnp.pad(h_BxD.astype(w.dtype), ((0, mp - b), (0, 0)))
+  x = decode_tiles.pad_rows(h_BxD.astype(w.dtype), mp)
   k0, k1 = _key_words(keys_Bx2, mp)
   c = v // block_n
   w_spec = (pl.BlockSpec((block_n, d), lambda i, j: (j, 0)) if head_vd
@@ -266,6 +266,13 @@ def finish(stats: HeadStats, rows: int, temperature: Array, greedy: bool) -> tup
   return token_B, raw_B, logit_B * inv_t - _logsumexp(s.samp_max, s.samp_sum)
 
 
+def head_logits(h_BxD: Array, w: Array, head_vd: bool, logits_dtype=jnp.float32) -> Array:
+  """h @ head [B, V] with XLA's GEMM (fp32 accumulation, IEEE for fp32 weights) in logits_dtype, as model.logits."""
+  logits = jnp.einsum("bd,vd->bv" if head_vd else "bd,dv->bv", h_BxD.astype(w.dtype), w,
+                      preferred_element_type=jnp.float32, precision=EXACT if w.dtype == jnp.float32 else None)
+  return logits.astype(logits_dtype)
+
+
 def sample(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, head_vd: bool, greedy: bool,
            valid_vocab: int, logits_dtype=jnp.float32, fuse_gemm: bool | int = FUSE_GEMM,
            interpret: bool = False) -> tuple[Array, Array, Array]:
@@ -276,9 +283,7 @@ def sample(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, head_
     stats = head_stats(h_BxD, w, keys_Bx2, temperature, head_vd=head_vd, greedy=greedy, valid_vocab=valid_vocab,
                        logits_dtype=logits_dtype, interpret=interpret)
   else:
-    logits = jnp.einsum("bd,vd->bv" if head_vd else "bd,dv->bv", h_BxD.astype(w.dtype), w,
-                        preferred_element_type=logits_dtype, precision=EXACT if w.dtype == jnp.float32 else None)
-    stats = logits_stats(logits, keys_Bx2, temperature, greedy=greedy, valid_vocab=valid_vocab,
+    stats = logits_stats(head_logits(h_BxD, w, head_vd, logits_dtype), keys_Bx2, temperature, greedy=greedy, valid_vocab=valid_vocab,
                          interpret=interpret)
   return finish(stats, h_BxD.shape[0], temperature, greedy)
 
@@ -286,11 +291,7 @@ def sample(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, head_
 def reference(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, head_vd: bool, greedy: bool,
               valid_vocab: int, logits_dtype=jnp.float32) -> tuple[Array, Array, Array]:
   """`sample` in jnp over whole rows (one block of V columns): what the kernel must return."""
-  spec = "bd,vd->bv" if head_vd else "bd,dv->bv"
-  dt = w.dtype
-  logits = jnp.einsum(spec, h_BxD.astype(dt), w, preferred_element_type=jnp.float32,
-                      precision=EXACT if dt == jnp.float32 else None)
-  logits = logits.astype(logits_dtype).astype(jnp.float32)
+  logits = head_logits(h_BxD, w, head_vd, logits_dtype).astype(jnp.float32)
   b, v = logits.shape
   k0, k1 = _key_words(keys_Bx2, b)
   inv_t = None if greedy else 1.0 / jnp.asarray(temperature, jnp.float32)

@@ -66,7 +66,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
   if not (block_d and block_n):
     raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
   mp, bm = decode_tiles.row_tiles(b, block_m)
-  x = jnp.pad(x_BxD.astype(w_gate_DxF.dtype), ((0, mp - b), (0, 0)))
+  x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   out = pl.pallas_call(
       functools.partial(_kernel, block_d=block_d),
       grid=(mp // bm, f // block_n),
@@ -154,7 +154,7 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None,
     raise ValueError(f"splits={splits} must divide F={f} into multiples of block_k={block_k}")
   ks = f // splits
   mp, bm = decode_tiles.row_tiles(b, block_m)
-  h = jnp.pad(h_BxF.astype(w_down_FxD.dtype), ((0, mp - b), (0, 0)))
+  h = decode_tiles.pad_rows(h_BxF.astype(w_down_FxD.dtype), mp)
   return pl.pallas_call(
       functools.partial(_down_kernel, block_k=block_k),
       grid=(mp // bm, d // block_n, splits),

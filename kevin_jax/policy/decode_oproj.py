@@ -62,8 +62,7 @@ def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, block_n
   if not (block_k and block_n):
     raise ValueError(f"out_proj_residual needs N*H ({inner}) and D ({d}) multiples of 16")
   mp, bm = decode_tiles.row_tiles(b, block_m)
-  pad = ((0, mp - b), (0, 0))
-  o = jnp.pad(o_BxNxH.reshape(b, inner).astype(w_o_NxHxD.dtype), pad)
+  o = decode_tiles.pad_rows(o_BxNxH.reshape(b, inner).astype(w_o_NxHxD.dtype), mp)
   out = pl.pallas_call(
       functools.partial(_kernel, block_k=block_k),
       grid=(mp // bm, d // block_n),
@@ -77,5 +76,5 @@ def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, block_n
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_oproj",
-  )(o, w_o_NxHxD.reshape(inner, d), jnp.pad(h_BxD, pad))
+  )(o, w_o_NxHxD.reshape(inner, d), decode_tiles.pad_rows(h_BxD, mp))
   return out[:b]

@@ -27,6 +27,11 @@ def row_tiles(rows: int, block_m: int) -> tuple[int, int]:
   return padded, min(padded, block_m)
 
 
+def pad_rows(x: jax.Array, rows: int) -> jax.Array:
+  """x [B, ...] with zero rows appended up to `rows` (row_tiles' padded count)."""
+  return jnp.pad(x, ((0, rows - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+
+
 def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
   """a @ w over the whole reduction dimension of the refs a [M, K] and w [K, N], block_k at a time: fp32 [M, N]."""
   m, k = a_ref.shape
