@@ -27,6 +27,7 @@ def load(root: str) -> dict:
       res = json.load(fh)
     a = res["args"]
     head = f"head={a['decode_head']} " if a.get("decode_head", "xla") != "xla" else ""
+    head += f"norm={a['decode_norm']} " if a.get("decode_norm", "xla") != "xla" else ""
     settings = (f"add_norm={a.get('decode_add_norm')} fusion={a.get('decode_fusion')} out={a.get('decode_out')} "
                 f"{head}{a.get('kernel_opts') or ''}").strip()
     for model in res["models"].values():

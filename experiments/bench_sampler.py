@@ -89,7 +89,8 @@ def jax_worker(args) -> dict:
   print(f"[jax] {out['device']}: copy bandwidth {out['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s", flush=True)
   cfg = get_preset(MODELS[args.model], param_dtype="bfloat16", compute_dtype="bfloat16",
                    attention_impl=args.attention, decode_attention=args.decode_attention,
-                   decode_qkv=args.decode_qkv, decode_out=args.decode_out, decode_add_norm=args.decode_add_norm)
+                   decode_qkv=args.decode_qkv, decode_out=args.decode_out, decode_add_norm=args.decode_add_norm,
+                   decode_norm=args.decode_norm)
   t = time.perf_counter()
   # Random weights drawn on the host: jitting Qwen2's own initialiser compiled for minutes on the H200
   # (XLA "very slow compile" alarm, 2026-11-29), and decode speed does not depend on the values.
@@ -214,7 +215,8 @@ def _run_worker(kind: str, args, model: str, weights_dir: str, out_dir: str, tim
          "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
          "--hf-new-tokens", str(args.hf_new_tokens), "--seed", str(args.seed), "--attention", args.attention,
          "--decode-attention", args.decode_attention, "--decode-qkv", args.decode_qkv, "--decode-out",
-         args.decode_out, "--decode-add-norm", args.decode_add_norm, "--decode-fusion", str(args.decode_fusion),
+         args.decode_out, "--decode-add-norm", args.decode_add_norm, "--decode-norm", args.decode_norm,
+         "--decode-fusion", str(args.decode_fusion),
          "--decode-head", args.decode_head, "--kernel-opts", args.kernel_opts,
          "--dump-dir", dump, "--json", os.path.join(out_dir, f"{kind}_{model}.json")]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_REPO + os.pathsep +
@@ -267,6 +269,8 @@ def main(argv=None):
                  help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
   p.add_argument("--decode-add-norm", default="xla", choices=("auto", "xla", "pallas"),
                  help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
+  p.add_argument("--decode-norm", default="xla", choices=("xla", "fold"),
+                 help="ModelConfig.decode_norm (fold: the norms inside the q/k/v and SwiGLU kernels)")
   p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
                  help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   p.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas"),
@@ -361,7 +365,7 @@ def write_summary(results: dict, args, final: bool) -> None:
       f"size, compiled concurrently. Whole run {results.get('wall_s', 0):.0f}s"
       + ("." if final else " (partial)."),
       f"Decode kernels: decode_attention={args.decode_attention}, decode_qkv={args.decode_qkv}, decode_out="
-      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
+      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_norm={args.decode_norm}, decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
       f"options: {args.kernel_opts or 'defaults'}.",
   ]
   for model, entry in results["models"].items():

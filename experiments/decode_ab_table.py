@@ -13,10 +13,11 @@ import argparse
 import json
 import os
 
-SETTINGS = ("decode_mlp", "decode_down", "decode_qkv", "decode_out", "decode_add_norm", "decode_fusion",
-            "kernel_opts")
+SETTINGS = ("decode_mlp", "decode_down", "decode_qkv", "decode_out", "decode_add_norm", "decode_norm",
+            "decode_fusion", "kernel_opts")
 # What runs recorded before a setting existed used (the settings they could not have changed).
-_OLD_DEFAULTS = {"decode_qkv": "xla", "decode_out": "xla", "decode_add_norm": "xla", "kernel_opts": ""}
+_OLD_DEFAULTS = {"decode_qkv": "xla", "decode_out": "xla", "decode_add_norm": "xla", "decode_norm": "xla",
+                 "kernel_opts": ""}
 
 
 def load(path: str) -> tuple[str, dict]:

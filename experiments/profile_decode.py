@@ -84,11 +84,11 @@ def decode_only(full_ms: dict, prefill_ms: dict, steps: int) -> dict:
 def traced_generate(cfg_name: str, impl: str, b: int, p: int, new: int, out_dir: str, state_np,
                     reduce_chunks: int = 32, decode_mlp: str = "auto", decode_down: str = "auto",
                     decode_fusion: bool = False, decode_qkv: str = "auto", decode_out: str = "xla",
-                    decode_add_norm: str = "xla", decode_head: str = "xla") -> dict:
+                    decode_add_norm: str = "xla", decode_head: str = "xla", decode_norm: str = "xla") -> dict:
   prefill_attention = "cudnn" if jax.default_backend() == "gpu" else "xla"
   cfg = get_preset(cfg_name, param_dtype="bfloat16", compute_dtype="bfloat16", attention_impl=prefill_attention,
                    decode_attention=impl, decode_mlp=decode_mlp, decode_down=decode_down, decode_qkv=decode_qkv,
-                   decode_out=decode_out, decode_add_norm=decode_add_norm)
+                   decode_out=decode_out, decode_add_norm=decode_add_norm, decode_norm=decode_norm)
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
   model = nnx.merge(graphdef, jax.tree.map(jax.device_put, state_np))
   sampler = Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(p,), kv_cache_dtype="bfloat16",
@@ -143,6 +143,8 @@ def main():
                   help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
   ap.add_argument("--decode-add-norm", default="xla", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
+  ap.add_argument("--decode-norm", default="xla", choices=("xla", "fold"),
+                  help="ModelConfig.decode_norm (fold: the norms inside the q/k/v and SwiGLU kernels)")
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   ap.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas", "interpret"),
@@ -159,7 +161,7 @@ def main():
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": a.model,
          "decode_mlp": a.decode_mlp, "decode_down": a.decode_down, "decode_fusion": bool(a.decode_fusion),
          "decode_qkv": a.decode_qkv, "decode_out": a.decode_out, "decode_add_norm": a.decode_add_norm,
-         "decode_head": a.decode_head, "kernel_opts": a.kernel_opts, "attention": [], "generate": []}
+         "decode_head": a.decode_head, "decode_norm": a.decode_norm, "kernel_opts": a.kernel_opts, "attention": [], "generate": []}
   for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
@@ -173,7 +175,7 @@ def main():
           res["generate"].append(traced_generate(MODELS[a.model], impl, b, a.prompt_len, a.new_tokens, a.out,
                                                  state_np, chunks, a.decode_mlp, a.decode_down,
                                                  bool(a.decode_fusion), a.decode_qkv, a.decode_out,
-                                                 a.decode_add_norm, a.decode_head))
+                                                 a.decode_add_norm, a.decode_head, a.decode_norm))
         except Exception as e:  # pylint: disable=broad-except
           print(f"[gen] {impl} B={b} reduce_chunks={chunks}: FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
           res["generate"].append({"impl": impl, "batch": b, "reduce_chunks": chunks,
@@ -182,7 +184,7 @@ def main():
     json.dump(res, f, indent=1)
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, decode_mlp={a.decode_mlp}, "
         f"decode_down={a.decode_down}, decode_fusion={a.decode_fusion}, decode_qkv={a.decode_qkv}, "
-        f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, decode_head={a.decode_head}, kernel options {kernel_opts}):")
+        f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, decode_head={a.decode_head}, decode_norm={a.decode_norm}, kernel options {kernel_opts}):")
   for r in res["attention"]:
     print(f"  attention B={r['batch']}: " + ", ".join(
         f"{k} {v['us']:.1f} us ({v['visible_GBps']:.0f} GB/s, diff {v['max_abs_diff_vs_xla']:.1e})" if "us" in v

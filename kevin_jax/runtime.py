@@ -88,7 +88,8 @@ def model_config(config, tokenizer: Tokenizer) -> ModelConfig:
   runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat,
                  attention_impl=resolve_attention_impl(p.attention_impl, p.compute_dtype),
                  decode_attention=p.decode_attention, decode_mlp=p.decode_mlp, decode_down=p.decode_down,
-                 decode_qkv=p.decode_qkv, decode_out=p.decode_out, decode_add_norm=p.decode_add_norm)
+                 decode_qkv=p.decode_qkv, decode_out=p.decode_out, decode_add_norm=p.decode_add_norm,
+                 decode_norm=p.decode_norm)
   if p.checkpoint:
     return ModelConfig.from_hf_config(p.checkpoint, **runtime)
   cfg = get_preset(p.preset, **runtime)

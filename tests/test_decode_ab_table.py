@@ -20,7 +20,7 @@ def test_table_of_two_committed_runs():
                              ("profile_new1", "auto", True, "xla", "xla", "")]
   assert round(rows[0]["tok_s"]) == 44349 and round(rows[1]["tok_s"]) == 47458
   text = decode_ab_table.format_tables(rows, n_kernels=3)
-  assert "| profile_new1 | 64 | auto | auto | xla | xla | xla | True |  | 47,458 | 1.349 |" in text
+  assert "| profile_new1 | 64 | auto | auto | xla | xla | xla | xla | True |  | 47,458 | 1.349 |" in text
   assert "- kevin_decode_down: 5.97 us x 6120" in text  # 36.509 ms over 6,120 launches
 
 
@@ -31,5 +31,5 @@ def test_failed_run_and_directory_input(tmp_path, capsys):
       {"impl": "pallas", "batch": 64, "error": "ValueError: boom"}]}))
   decode_ab_table.main([str(run)])
   out = capsys.readouterr().out
-  assert ("| new_fusion | 64 | None | None | pallas | pallas | xla | None |  | failed: ValueError: boom |"
+  assert ("| new_fusion | 64 | None | None | pallas | pallas | xla | xla | None |  | failed: ValueError: boom |"
           in out)

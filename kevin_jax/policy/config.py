@@ -24,6 +24,7 @@ _DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
 _DECODE_QKV = ("auto", "xla", "pallas", "interpret")
 _DECODE_OUT = ("auto", "xla", "pallas", "interpret")
 _DECODE_ADD_NORM = ("auto", "xla", "pallas", "interpret")
+_DECODE_NORM = ("xla", "fold")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -78,6 +79,12 @@ class ModelConfig:
       policy/decode_add_norm.py, which also sums decode_down's partials, on a GPU when fp32_upcast is on and its
       shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: it made bench_sampler 4.4 %
       slower on the 0.5B shape at batch 64 (BENCHMARKS.md "Sampler", twenty-sixth session).
+    decode_norm: how a one-token decode step applies the RMSNorms before the q/k/v kernel (decode_qkv) and the
+      SwiGLU kernel (decode_mlp), where those run as Pallas kernels: 'xla' (the default: XLA's norm fusion writes
+      the normed rows, which the kernel reads) | 'fold' (the norm's scale folded into the kernel's weights, rounded
+      once to the compute dtype; XLA computes only each row's fp32 1/rms, which the kernel multiplies its
+      products by, and the kernel reads the raw residual). Elsewhere (XLA paths, prefill, training) the norm is
+      always XLA's.
   """
 
   vocab_size: int
@@ -102,6 +109,7 @@ class ModelConfig:
   decode_qkv: str = "auto"
   decode_out: str = "xla"
   decode_add_norm: str = "xla"
+  decode_norm: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -133,6 +141,8 @@ class ModelConfig:
     if self.decode_add_norm not in _DECODE_ADD_NORM:
       raise ValueError(f"ModelConfig.decode_add_norm must be one of {_DECODE_ADD_NORM}, "
                        f"got {self.decode_add_norm!r}")
+    if self.decode_norm not in _DECODE_NORM:
+      raise ValueError(f"ModelConfig.decode_norm must be one of {_DECODE_NORM}, got {self.decode_norm!r}")
     if self.decode_add_norm in ("pallas", "interpret") and not self.fp32_upcast:
       raise ValueError(f"ModelConfig.decode_add_norm={self.decode_add_norm!r} computes the norm in fp32: it needs "
                        "fp32_upcast=True")

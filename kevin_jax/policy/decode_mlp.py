@@ -47,17 +47,27 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(x_ref, wg_ref, wu_ref, o_ref, *, block_d: int):
+def _kernel(x_ref, *refs, block_d: int, scaled: bool):
+  """refs: [1/rms if scaled], w_gate, w_up, out."""
+  refs = list(refs)
+  r_ref = refs.pop(0) if scaled else None
+  wg_ref, wu_ref, o_ref = refs
   g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d)
+  if r_ref is not None:  # the RMSNorm: 1/rms per row (its scale is in the weights)
+    r = r_ref[...][:, None]
+    g, u = g * r, u * r
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("block_n", "block_d", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: int = BLOCK_N,
-                 block_d: int = BLOCK_D, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
-                 interpret: bool = False) -> Array:
-  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation)."""
+def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Array | None = None, *,
+                 block_n: int = BLOCK_N, block_d: int = BLOCK_D, block_m: int = BLOCK_M, num_warps: int = 4,
+                 num_stages: int = 3, interpret: bool = False) -> Array:
+  """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
+
+  With inv_rms_B (fp32 [B]), x is the raw residual and the weights hold the RMSNorm's scale (fold_norm_scale):
+  each row's products are multiplied by inv_rms_B before the SwiGLU."""
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -65,13 +75,18 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
   block_d, block_n = pick_block(d, block_d), pick_block(f, block_n)
   if not (block_d and block_n):
     raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
+  scaled = inv_rms_B is not None
+  if scaled and inv_rms_B.shape != (b,):
+    raise ValueError(f"inv_rms_B must be [B={b}], got {inv_rms_B.shape}")
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
+  r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
   out = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d),
+      functools.partial(_kernel, block_d=block_d, scaled=scaled),
       grid=(mp // bm, f // block_n),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
+          *[pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled,
           pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
           pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
       ],
@@ -80,7 +95,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, *, block_n: i
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_swiglu",
-  )(x, w_gate_DxF, w_up_DxF)
+  )(x, *r, w_gate_DxF, w_up_DxF)
   return out[:b]
 
 

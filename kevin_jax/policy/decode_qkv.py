@@ -65,9 +65,13 @@ def supported(rows: int, hidden: int, head_dim: int, block_w: int = BLOCK_W) -> 
           and row_block(rows) > 0)
 
 
-def _kernel(slot_ref, x_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, __, q_ref, kc_ref,
-            vc_ref, *, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int, block_d: int):
-  """The caches come in as inputs (aliased, unread) and go out as outputs, after q."""
+def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int,
+            block_d: int, scaled: bool):
+  """refs: [1/rms if scaled], the weights and biases of q, k, v, cos, sin, the caches (inputs: aliased, unread),
+  then the outputs q and the caches."""
+  refs = list(refs)
+  r_ref = refs.pop(0) if scaled else None
+  wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, __, q_ref, kc_ref, vc_ref = refs
   i, j = pl.program_id(0), pl.program_id(1)
   bm = x_ref.shape[0]
   half = head_dim // 2
@@ -82,6 +86,9 @@ def _kernel(slot_ref, x_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos
     c2 = pl.multiple_of(c1 + half, block_w)
     a1, a2 = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
                                    lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d)
+    if r_ref is not None:  # the RMSNorm: 1/rms per row (its scale is in the weights)
+      r = r_ref[...][:, None]
+      a1, a2 = a1 * r, a2 * r
     a1 += b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
     a2 += b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
     return a1, a2
@@ -130,14 +137,17 @@ def _kernel(slot_ref, x_ref, wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos
                                              "interpret"))
 def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: Array, b_q_NxH: Array,
                    b_k_KxH: Array, b_v_KxH: Array, cos_BxH2: Array, sin_BxH2: Array, k_cache_BxKxSxH: Array,
-                   v_cache_BxKxSxH: Array, slot: Array | int, *, block_w: int = BLOCK_W, block_d: int = BLOCK_D,
+                   v_cache_BxKxSxH: Array, slot: Array | int, inv_rms_B: Array | None = None, *,
+                   block_w: int = BLOCK_W, block_d: int = BLOCK_D,
                    block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = NUM_STAGES, interpret: bool = False
                    ) -> tuple[Array, Array, Array]:
   """One decode step's q, and the caches with this step's k and v written at `slot`.
 
   Returns (q [B, K, G_pad, H] in x's dtype, rows [G, G_pad) zero; k cache; v cache). q and k are rotated by the
   fp32 cos/sin [B, H/2] of each row's position. Weights as the model stores them ([D, N, H], [D, K, H]); biases
-  [N, H], [K, H]; caches [B, K, S, H]. x is the layer's normed input.
+  [N, H], [K, H]; caches [B, K, S, H]. x is the layer's normed input, or with inv_rms_B (fp32 [B]) its raw input:
+  the kernel then multiplies each row's projection by inv_rms_B before the bias (the RMSNorm with its scale
+  folded into the weights by the caller, fold_norm_scale).
   """
   b, d = x_BxD.shape
   _, n, h = w_q_DxNxH.shape
@@ -160,25 +170,29 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   groups = n // kh
   per_head = h // 2 // block_w
   dt = w_q_DxNxH.dtype
+  scaled = inv_rms_B is not None
+  if scaled and inv_rms_B.shape != (b,):
+    raise ValueError(f"inv_rms_B must be [B={b}], got {inv_rms_B.shape}")
   kernel = functools.partial(_kernel, num_heads=n, num_kv_heads=kh, groups=groups, head_dim=h, block_w=block_w,
-                             block_d=block_d)
+                             block_d=block_d, scaled=scaled)
   whole = pl.BlockSpec()  # The whole array: the kernel computes its own offsets.
   rows = pl.BlockSpec((bm, d), lambda i, j: (i, 0))
   rope = pl.BlockSpec((bm, h // 2), lambda i, j: (i, 0))
   q, kc, vc = pl.pallas_call(
       kernel,
       grid=(b // bm, (n + 2 * kh) * per_head),
-      in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows, whole, whole, whole, whole, whole, whole,
-                rope, rope, whole, whole],
+      in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows] + [pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled
+      + [whole, whole, whole, whole, whole, whole, rope, rope, whole, whole],
       out_specs=[whole, whole, whole],
       out_shape=[jax.ShapeDtypeStruct((b, kh, decode_attention.padded_rows(groups), h), x_BxD.dtype),
                  jax.ShapeDtypeStruct(k_cache_BxKxSxH.shape, k_cache_BxKxSxH.dtype),
                  jax.ShapeDtypeStruct(v_cache_BxKxSxH.shape, v_cache_BxKxSxH.dtype)],
-      input_output_aliases={10: 1, 11: 2},  # the caches
+      input_output_aliases={10 + scaled: 1, 11 + scaled: 2},  # the caches
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_qkv",
-  )(jnp.reshape(jnp.asarray(slot, jnp.int32), (1,)), x_BxD.astype(dt), w_q_DxNxH.reshape(d, n * h),
+  )(jnp.reshape(jnp.asarray(slot, jnp.int32), (1,)), x_BxD.astype(dt),
+    *([inv_rms_B.astype(jnp.float32)] if scaled else []), w_q_DxNxH.reshape(d, n * h),
     w_k_DxKxH.reshape(d, kh * h), w_v_DxKxH.reshape(d, kh * h), b_q_NxH.reshape(n * h), b_k_KxH.reshape(kh * h),
     b_v_KxH.reshape(kh * h), cos_BxH2.astype(jnp.float32), sin_BxH2.astype(jnp.float32), k_cache_BxKxSxH,
     v_cache_BxKxSxH)

@@ -130,6 +130,17 @@ class RMSNorm(nnx.Module):
     y = x * jax.lax.rsqrt(var_BxTx1 + self.eps) * scale
     return y.astype(x_BxTxD.dtype)
 
+  def inv_rms(self, x_BxD: Array) -> Array:
+    """fp32 [B]: 1 / sqrt(mean(x^2) + eps) per row, the norm without its scale (ModelConfig.decode_norm='fold')."""
+    x = x_BxD.astype(jnp.float32)
+    return jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1) + self.eps)
+
+  def fold(self, w_DxN: Array, dtype: Any) -> Array:
+    """w [D, ...] with the norm's scale folded into its input dimension, rounded once to dtype:
+    norm(x) @ w == inv_rms(x) * (x @ fold(w)) up to that rounding."""
+    scale = self.scale[...].astype(jnp.float32).reshape((-1,) + (1,) * (w_DxN.ndim - 1))
+    return (scale * w_DxN.astype(jnp.float32)).astype(dtype)
+
 
 def rope_cos_sin(positions_BxT: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
   """fp32 cos/sin of shape [B, T, H/2] (bf16 positions would be catastrophic past a few hundred)."""
@@ -258,20 +269,23 @@ class Attention(nnx.Module):
     return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
                     and rows <= decode_qkv.MAX_ROWS)
 
-  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool
-                    ) -> tuple[Array, tuple[Array, Array]]:
+  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool,
+                    norm: RMSNorm | None = None) -> tuple[Array, tuple[Array, Array]]:
     """A decode step of the normed x through decode_qkv's one kernel (projection, RoPE, cache write), then decode
-    attention."""
+    attention. With `norm`, x is the raw residual: the norm's scale is folded into the q/k/v weights and the
+    kernel multiplies by its 1/rms (ModelConfig.decode_norm='fold')."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
     if cache_mask_BxS is None:
       raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
     cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
-    w = [p[...].astype(dt) for p in (self.q_kernel, self.k_kernel, self.v_kernel, self.q_bias, self.k_bias,
-                                     self.v_bias)]
+    w = [p[...].astype(dt) if norm is None else norm.fold(p[...], dt)
+         for p in (self.q_kernel, self.k_kernel, self.v_kernel)]
+    b = [p[...].astype(dt) for p in (self.q_bias, self.k_bias, self.v_bias)]
+    inv_rms = None if norm is None else norm.inv_rms(x_BxD)
     q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
-        x_BxD, *w, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, interpret=interpret)
+        x_BxD.astype(dt), *w, *b, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, inv_rms, interpret=interpret)
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
                                        groups=cfg.num_groups)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
@@ -284,16 +298,21 @@ class Attention(nnx.Module):
     caller has it already (cfg.decode_add_norm's kernel computes it with the previous layer's residual add)."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
+    normed = (lambda: norm(x_BxTxD)) if normed_BxTxD is None else (lambda: normed_BxTxD)
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
-    if qkv != "xla":
-      # The norm stays outside the kernel: inside it (x * scale before the dots) it made the kernel slower than
-      # XLA's separate fusion (BENCHMARKS.md "Sampler", twenty-third session).
-      o_BxKxGxH, new_kv = self._fused_decode(normed[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT,
+    if qkv != "xla" and normed_BxTxD is None and cfg.decode_norm == "fold":
+      # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
+      o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0], positions_BxT, cache_kv,
+                                             interpret=qkv == "interpret", norm=norm)
+      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    elif qkv != "xla":
+      # With decode_norm='xla' the norm is XLA's fusion before the kernel: multiplying x by the scale inside the
+      # kernel (before the dots) made it slower than that (BENCHMARKS.md "Sampler", twenty-third session).
+      o_BxKxGxH, new_kv = self._fused_decode(normed()[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT,
                                              cache_kv, interpret=qkv == "interpret")
       o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     else:
-      o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
+      o_BxTxNxH, new_kv = self._attend_xla(normed(), positions_BxT, attn_mask_BxT, cache_kv)
     w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
     out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     if out != "xla":
@@ -370,6 +389,12 @@ class MLP(nnx.Module):
   def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
     """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
     dt = self.cfg.compute_jnp_dtype
+    if front != "xla" and self.cfg.decode_norm == "fold":
+      # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
+      wg, wu = (norm.fold(k[...], dt) for k in (self.gate_kernel, self.up_kernel))
+      x_BxD = x_BxTxD[:, 0]
+      return decode_mlp.swiglu_front(x_BxD.astype(dt), wg, wu, norm.inv_rms(x_BxD),
+                                     interpret=front == "interpret")[:, None]
     wg, wu = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel))
     if front == "xla":
       x = norm(x_BxTxD).astype(dt)

@@ -319,7 +319,8 @@ class Learner:
                              decode_attention=config.policy.decode_attention,
                              decode_mlp=config.policy.decode_mlp, decode_down=config.policy.decode_down,
                              decode_qkv=config.policy.decode_qkv, decode_out=config.policy.decode_out,
-                             decode_add_norm=config.policy.decode_add_norm)
+                             decode_add_norm=config.policy.decode_add_norm,
+                             decode_norm=config.policy.decode_norm)
     cfg = grpo.GRPOConfig.from_config(config.rl)
     opt_cfg = OptimizerConfig.from_config(config.optimizer, config.total_steps * cfg.updates_per_batch)
     return cls(model_cfg, cfg, opt_cfg, mesh, temperature=config.sampler.temperature)

@@ -1,0 +1,159 @@
+"""ModelConfig.decode_norm='fold': the decode step's RMSNorms applied inside the q/k/v and SwiGLU kernels as 1/rms on
+their products, the norm's scale folded into their weights (RMSNorm.inv_rms, RMSNorm.fold; the kernels'
+`inv_rms_B`). Against the normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the
+CPU), the sampler end to end, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kevin_jax.policy import Qwen2, get_preset
+from kevin_jax.policy.decode_mlp import swiglu_front
+from kevin_jax.policy.decode_qkv import qkv_rope_cache
+from kevin_jax.policy.model import RMSNorm
+from kevin_jax.policy.sampler import Sampler, SamplerConfig
+from tests import test_policy_decode_qkv as qkv_tests
+
+
+def _norm(d, seed=0, dtype="float32"):
+  """An RMSNorm of width d with a random scale (around 1: a wrong fold shows) and eps 1e-6."""
+  cfg = get_preset("tiny", hidden_size=d, param_dtype=dtype)
+  norm = RMSNorm(cfg, rngs=nnx.Rngs(0))
+  norm.scale[...] = jnp.asarray(np.random.default_rng(seed).normal(1.0, 0.3, d), norm.scale[...].dtype)
+  return norm
+
+
+def _reference_norm(x, scale, eps=1e-6):
+  x = np.asarray(x, np.float64)
+  return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * np.asarray(scale, np.float64)
+
+
+def test_inv_rms_and_fold():
+  """inv_rms(x) * (x @ fold(w)) equals norm(x) @ w (float64 reference), and inv_rms is fp32 [B]."""
+  rng = np.random.default_rng(1)
+  norm = _norm(64)
+  x = jnp.asarray(rng.standard_normal((5, 64)) * 3, jnp.float32)
+  w = jnp.asarray(rng.standard_normal((64, 3, 8)), jnp.float32)
+  r = norm.inv_rms(x)
+  assert r.shape == (5,) and r.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(r), 1 / np.sqrt(np.mean(np.asarray(x, np.float64) ** 2, -1) + 1e-6),
+                             rtol=1e-6)
+  got = np.asarray(r)[:, None, None] * np.einsum("bd,dnh->bnh", np.asarray(x), np.asarray(norm.fold(w, jnp.float32)))
+  want = np.einsum("bd,dnh->bnh", _reference_norm(x, norm.scale[...]), np.asarray(w, np.float64))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert norm.fold(w, jnp.bfloat16).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("b,d,n,kh,h,block_m", [(16, 64, 4, 2, 32, 64), (32, 128, 14, 2, 64, 16)])
+def test_qkv_fold_matches_normed_input_fp32(b, d, n, kh, h, block_m):
+  """The q/k/v kernel on the raw x with inv_rms and folded weights equals it on the normed x (float64 reference
+  of the normed x, interpret mode, fp32)."""
+  x, weights, cos, sin, caches, slot = qkv_tests._case(b, d, n, kh, h, 40, jnp.float32)  # pylint: disable=protected-access
+  norm = _norm(d, seed=2)
+  folded = [norm.fold(w, jnp.float32) for w in weights[:3]]
+  got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, norm.inv_rms(x), block_m=block_m,
+                       interpret=True)
+  want = qkv_tests._reference(_reference_norm(x, norm.scale[...]), weights, cos, sin, caches, slot)  # pylint: disable=protected-access
+  qkv_tests._check(got, want, kh, n // kh, rtol=1e-5, atol=1e-5)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("b", [16, 5])
+def test_swiglu_fold_matches_normed_input_fp32(b):
+  """The SwiGLU front on the raw x (padded rows too: b = 5) with inv_rms and folded weights."""
+  rng = np.random.default_rng(3)
+  d, f = 128, 96
+  x = jnp.asarray(rng.standard_normal((b, d)) * 3, jnp.float32)
+  wg, wu = (jnp.asarray(rng.standard_normal((d, f)) * d ** -0.5, jnp.float32) for _ in range(2))
+  norm = _norm(d, seed=4)
+  got = swiglu_front(x, norm.fold(wg, jnp.float32), norm.fold(wu, jnp.float32), norm.inv_rms(x), block_n=32,
+                     interpret=True)
+  xn = _reference_norm(x, norm.scale[...])
+  g = xn @ np.asarray(wg, np.float64)
+  np.testing.assert_allclose(np.asarray(got), g / (1 + np.exp(-g)) * (xn @ np.asarray(wu, np.float64)),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_inv_rms_shape_is_checked():
+  x, weights, cos, sin, caches, slot = qkv_tests._case(16, 64, 4, 2, 32, 16, jnp.float32)  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="inv_rms_B"):
+    qkv_rope_cache(x, *weights, cos, sin, *caches, slot, jnp.ones((8,)), interpret=True)
+  with pytest.raises(ValueError, match="inv_rms_B"):
+    swiglu_front(x, weights[0].reshape(64, -1), weights[0].reshape(64, -1), jnp.ones((8,)), interpret=True)
+
+
+def test_fold_lowers_to_triton():
+  """Both kernels with inv_rms lower through Pallas' Triton backend for a GPU target (0.5B shape, 64 rows), the
+  q/k/v kernel's cache outputs still aliased (operands 11 and 12 now)."""
+  b, d, n, kh, h, s, f = 64, 896, 14, 2, 64, 2048, 4864
+  spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+  r = spec(b, dtype=jnp.float32)
+  text = jax.jit(swiglu_front).trace(spec(b, d), spec(d, f), spec(d, f), r).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+  args = (spec(b, d), spec(d, n, h), spec(d, kh, h), spec(d, kh, h), spec(n, h), spec(kh, h), spec(kh, h),
+          spec(b, h // 2, dtype=jnp.float32), spec(b, h // 2, dtype=jnp.float32), spec(b, kh, s, h),
+          spec(b, kh, s, h), spec(dtype=jnp.int32), r)
+  text = jax.jit(qkv_rope_cache).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+  assert "output_tuple_indices = [1], operand_index = 11" in text
+  assert "output_tuple_indices = [2], operand_index = 12" in text
+
+
+def _random_norms(model: Qwen2, seed: int) -> None:
+  """Every RMSNorm's scale redrawn around 1 (the init is all ones, where folding changes nothing)."""
+  rng = np.random.default_rng(seed)
+  for norm in [m for layer in model.layers for m in (layer.input_norm, layer.post_attn_norm)] + [model.final_norm]:
+    norm.scale[...] = jnp.asarray(rng.normal(1.0, 0.3, norm.scale[...].shape), norm.scale[...].dtype)
+
+
+def _generate(decode_norm: str, **kw):
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", head_dim=32, decode_qkv="interpret",
+                   decode_mlp="interpret", decode_norm=decode_norm, **kw)
+  model = Qwen2(cfg, rngs=nnx.Rngs(3))
+  _random_norms(model, 5)
+  sampler = Sampler(cfg, None, SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype="float32"))
+  prompts = [[5, 9, 11], list(range(20, 60))] + [list(range(7 + i, 7 + 3 * i)) for i in range(1, 15)]
+  return sampler.generate(model, prompts, seed=0, max_new_tokens=16, temperature=0.0, eos_ids=[])
+
+
+def test_sampler_fold_same_tokens_and_logprobs():
+  """Greedy decoding of a random tiny fp32 model with random norm scales: decode_norm='fold' gives the tokens of
+  'xla' and log-probs within 1e-4 (both with the q/k/v and SwiGLU kernels in interpret mode)."""
+  xla, fold = _generate("xla"), _generate("fold")
+  assert xla.tokens == fold.tokens
+  for a, b in zip(xla.logprobs, fold.logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_bad_config_value():
+  with pytest.raises(ValueError, match="decode_norm"):
+    get_preset("tiny", decode_norm="inside")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fold_kernels_on_gpu(dtype):
+  """Both kernels compiled by Triton with inv_rms at the 0.5B shape (64 rows), against the float64 reference of
+  the normed input: fp32 within 2e-5; bf16 within one bf16 rounding of the folded weights and of the output."""
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
+  dt = jnp.dtype(dtype)
+  tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=2 ** -7, atol=2e-3)
+  with jax.default_device(dev):
+    x, weights, cos, sin, caches, slot = qkv_tests._case(64, 896, 14, 2, 64, 2048, dt)  # pylint: disable=protected-access
+    norm = _norm(896, seed=6, dtype="float32")
+    folded = [norm.fold(w, dt) for w in weights[:3]]
+    got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, norm.inv_rms(x))
+    want = qkv_tests._reference(_reference_norm(x, norm.scale[...]), weights, cos, sin, caches, slot)  # pylint: disable=protected-access
+    qkv_tests._check(got, want, 2, 7, **tol)  # pylint: disable=protected-access
+    rng = np.random.default_rng(7)
+    wg, wu = (jnp.asarray(rng.standard_normal((896, 4864)) * 896 ** -0.5, dt) for _ in range(2))
+    front = swiglu_front(x, norm.fold(wg, dt), norm.fold(wu, dt), norm.inv_rms(x))
+  xn = _reference_norm(x, norm.scale[...])
+  g = xn @ np.asarray(wg, np.float64)
+  np.testing.assert_allclose(np.asarray(front, np.float64), g / (1 + np.exp(-g)) * (xn @ np.asarray(wu, np.float64)),
+                             **tol)
