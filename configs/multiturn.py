@@ -53,7 +53,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.decode_add_norm = "xla"  # Decode residual add after the MLP + the next RMSNorm: xla | auto (one Pallas
   #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: 4.4 % slower (0.5B, B 64).
   c.policy.decode_norm = "xla"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: xla (XLA's norm fusion) |
-  #   fold (the scale folded into the kernels' weights, XLA computes only 1/rms per row).
+  #   fold (the scale folded into the kernels' weights, XLA computes only 1/rms per row) | inside (the kernels
+  #   compute 1/rms too).
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 

@@ -33,6 +33,8 @@
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
+#   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of decode_norm 'fold' / 'inside' (the q/k/v and
+#                                               # SwiGLU kernels with the norm inside)
 #   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64
 #   bash experiments/decode_kernels_ab.sh 4     # the issue's whole benchmark table (0.5B and 1.5B, B 64/256)
 #
@@ -46,7 +48,7 @@ BASE=eac7616  # the last tree measured end to end (twenty-third session: 44,978 
 prof="experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"
 bench="experiments/bench_sampler.py --models 0.5b --batches 64 --no-hf"  # part 5: the issue's goal case
 gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py \
-tests/test_policy_decode_add_norm.py tests/test_policy_decode_head.py tests/test_policy_gpu.py"
+tests/test_policy_decode_add_norm.py tests/test_policy_decode_head.py tests/test_policy_decode_norm.py tests/test_policy_gpu.py"
 gpu_tests_new="tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu"  # the twenty-fifth session's options
 # attention: block_k x splits x warps x stages x balance; its bench timed only XLA and the default in 150 s
@@ -87,7 +89,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 1q h 2 2n 3 3b 5 4a 4 (see the header)" >&2
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 1q h n 2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
 # Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that
@@ -115,6 +117,7 @@ for part in ${parts//+/ }; do
 --stats-configs 16x128x4 --out \$OUT/head") ;;
     1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
+    n) stages+=("norm_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;

@@ -1,7 +1,9 @@
-"""ModelConfig.decode_norm='fold': the decode step's RMSNorms applied inside the q/k/v and SwiGLU kernels as 1/rms on
-their products, the norm's scale folded into their weights (RMSNorm.inv_rms, RMSNorm.fold; the kernels'
-`inv_rms_B`). Against the normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the
+"""ModelConfig.decode_norm 'fold' and 'inside': the decode step's RMSNorms applied inside the q/k/v and SwiGLU
+kernels as 1/rms on their products, the norm's scale folded into their weights (RMSNorm.fold). 1/rms comes from
+XLA ('fold': RMSNorm.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside': `rms_eps`). Against the normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the
 CPU), the sampler end to end, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -46,28 +48,37 @@ def test_inv_rms_and_fold():
   assert norm.fold(w, jnp.bfloat16).dtype == jnp.bfloat16
 
 
+def _rms_args(mode, norm, x):
+  """The kernels' (inv_rms_B, rms_eps) for decode_norm `mode`."""
+  return (norm.inv_rms(x), None) if mode == "fold" else (None, norm.eps)
+
+
+@pytest.mark.parametrize("mode", ["fold", "inside"])
 @pytest.mark.parametrize("b,d,n,kh,h,block_m", [(16, 64, 4, 2, 32, 64), (32, 128, 14, 2, 64, 16)])
-def test_qkv_fold_matches_normed_input_fp32(b, d, n, kh, h, block_m):
-  """The q/k/v kernel on the raw x with inv_rms and folded weights equals it on the normed x (float64 reference
-  of the normed x, interpret mode, fp32)."""
+def test_qkv_fold_matches_normed_input_fp32(b, d, n, kh, h, block_m, mode):
+  """The q/k/v kernel on the raw x with folded weights and 1/rms (given, or its own) equals it on the normed x
+  (float64 reference of the normed x, interpret mode, fp32)."""
   x, weights, cos, sin, caches, slot = qkv_tests._case(b, d, n, kh, h, 40, jnp.float32)  # pylint: disable=protected-access
   norm = _norm(d, seed=2)
   folded = [norm.fold(w, jnp.float32) for w in weights[:3]]
-  got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, norm.inv_rms(x), block_m=block_m,
+  r, eps = _rms_args(mode, norm, x)
+  got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, r, rms_eps=eps, block_m=block_m,
                        interpret=True)
   want = qkv_tests._reference(_reference_norm(x, norm.scale[...]), weights, cos, sin, caches, slot)  # pylint: disable=protected-access
   qkv_tests._check(got, want, kh, n // kh, rtol=1e-5, atol=1e-5)  # pylint: disable=protected-access
 
 
+@pytest.mark.parametrize("mode", ["fold", "inside"])
 @pytest.mark.parametrize("b", [16, 5])
-def test_swiglu_fold_matches_normed_input_fp32(b):
-  """The SwiGLU front on the raw x (padded rows too: b = 5) with inv_rms and folded weights."""
+def test_swiglu_fold_matches_normed_input_fp32(b, mode):
+  """The SwiGLU front on the raw x (padded rows too: b = 5) with folded weights and 1/rms (given, or its own)."""
   rng = np.random.default_rng(3)
   d, f = 128, 96
   x = jnp.asarray(rng.standard_normal((b, d)) * 3, jnp.float32)
   wg, wu = (jnp.asarray(rng.standard_normal((d, f)) * d ** -0.5, jnp.float32) for _ in range(2))
   norm = _norm(d, seed=4)
-  got = swiglu_front(x, norm.fold(wg, jnp.float32), norm.fold(wu, jnp.float32), norm.inv_rms(x), block_n=32,
+  r, eps = _rms_args(mode, norm, x)
+  got = swiglu_front(x, norm.fold(wg, jnp.float32), norm.fold(wu, jnp.float32), r, rms_eps=eps, block_n=32,
                      interpret=True)
   xn = _reference_norm(x, norm.scale[...])
   g = xn @ np.asarray(wg, np.float64)
@@ -81,24 +92,33 @@ def test_inv_rms_shape_is_checked():
     qkv_rope_cache(x, *weights, cos, sin, *caches, slot, jnp.ones((8,)), interpret=True)
   with pytest.raises(ValueError, match="inv_rms_B"):
     swiglu_front(x, weights[0].reshape(64, -1), weights[0].reshape(64, -1), jnp.ones((8,)), interpret=True)
+  with pytest.raises(ValueError, match="not both"):
+    qkv_rope_cache(x, *weights, cos, sin, *caches, slot, jnp.ones((16,)), rms_eps=1e-6, interpret=True)
+  with pytest.raises(ValueError, match="not both"):
+    swiglu_front(x, weights[0].reshape(64, -1), weights[0].reshape(64, -1), jnp.ones((16,)), rms_eps=1e-6,
+                 interpret=True)
 
 
-def test_fold_lowers_to_triton():
-  """Both kernels with inv_rms lower through Pallas' Triton backend for a GPU target (0.5B shape, 64 rows), the
-  q/k/v kernel's cache outputs still aliased (operands 11 and 12 now)."""
+@pytest.mark.parametrize("mode", ["fold", "inside"])
+def test_fold_lowers_to_triton(mode):
+  """Both kernels with 1/rms given or their own lower through Pallas' Triton backend for a GPU target (0.5B shape,
+  64 rows), the q/k/v kernel's cache outputs still aliased (operands 11 and 12 with inv_rms_B)."""
   b, d, n, kh, h, s, f = 64, 896, 14, 2, 64, 2048, 4864
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
-  r = spec(b, dtype=jnp.float32)
-  text = jax.jit(swiglu_front).trace(spec(b, d), spec(d, f), spec(d, f), r).lower(
+  r = [spec(b, dtype=jnp.float32)] if mode == "fold" else []
+  eps = None if mode == "fold" else 1e-6
+  text = jax.jit(functools.partial(swiglu_front, rms_eps=eps)).trace(spec(b, d), spec(d, f), spec(d, f), *r).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1
   args = (spec(b, d), spec(d, n, h), spec(d, kh, h), spec(d, kh, h), spec(n, h), spec(kh, h), spec(kh, h),
           spec(b, h // 2, dtype=jnp.float32), spec(b, h // 2, dtype=jnp.float32), spec(b, kh, s, h),
-          spec(b, kh, s, h), spec(dtype=jnp.int32), r)
-  text = jax.jit(qkv_rope_cache).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+          spec(b, kh, s, h), spec(dtype=jnp.int32), *r)
+  text = jax.jit(functools.partial(qkv_rope_cache, rms_eps=eps)).trace(*args).lower(
+      lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1
-  assert "output_tuple_indices = [1], operand_index = 11" in text
-  assert "output_tuple_indices = [2], operand_index = 12" in text
+  first = 10 + len(r)
+  assert f"output_tuple_indices = [1], operand_index = {first}" in text
+  assert f"output_tuple_indices = [2], operand_index = {first + 1}" in text
 
 
 def _random_norms(model: Qwen2, seed: int) -> None:
@@ -118,10 +138,11 @@ def _generate(decode_norm: str, **kw):
   return sampler.generate(model, prompts, seed=0, max_new_tokens=16, temperature=0.0, eos_ids=[])
 
 
-def test_sampler_fold_same_tokens_and_logprobs():
-  """Greedy decoding of a random tiny fp32 model with random norm scales: decode_norm='fold' gives the tokens of
-  'xla' and log-probs within 1e-4 (both with the q/k/v and SwiGLU kernels in interpret mode)."""
-  xla, fold = _generate("xla"), _generate("fold")
+@pytest.mark.parametrize("mode", ["fold", "inside"])
+def test_sampler_fold_same_tokens_and_logprobs(mode):
+  """Greedy decoding of a random tiny fp32 model with random norm scales: decode_norm 'fold' and 'inside' give the
+  tokens of 'xla' and log-probs within 1e-4 (all with the q/k/v and SwiGLU kernels in interpret mode)."""
+  xla, fold = _generate("xla"), _generate(mode)
   assert xla.tokens == fold.tokens
   for a, b in zip(xla.logprobs, fold.logprobs):
     np.testing.assert_allclose(a, b, atol=1e-4)
@@ -129,14 +150,16 @@ def test_sampler_fold_same_tokens_and_logprobs():
 
 def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_norm"):
-    get_preset("tiny", decode_norm="inside")
+    get_preset("tiny", decode_norm="pallas")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fold", "inside"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fold_kernels_on_gpu(dtype):
-  """Both kernels compiled by Triton with inv_rms at the 0.5B shape (64 rows), against the float64 reference of
-  the normed input: fp32 within 2e-5; bf16 within one bf16 rounding of the folded weights and of the output."""
+def test_fold_kernels_on_gpu(dtype, mode):
+  """Both kernels compiled by Triton with 1/rms given or their own at the 0.5B shape (64 rows), against the
+  float64 reference of the normed input: fp32 within 2e-5; bf16 within one bf16 rounding of the folded weights and
+  of the output."""
   try:
     dev = jax.devices("gpu")[0]
   except RuntimeError:
@@ -147,12 +170,13 @@ def test_fold_kernels_on_gpu(dtype):
     x, weights, cos, sin, caches, slot = qkv_tests._case(64, 896, 14, 2, 64, 2048, dt)  # pylint: disable=protected-access
     norm = _norm(896, seed=6, dtype="float32")
     folded = [norm.fold(w, dt) for w in weights[:3]]
-    got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, norm.inv_rms(x))
+    r, eps = _rms_args(mode, norm, x)
+    got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, r, rms_eps=eps)
     want = qkv_tests._reference(_reference_norm(x, norm.scale[...]), weights, cos, sin, caches, slot)  # pylint: disable=protected-access
     qkv_tests._check(got, want, 2, 7, **tol)  # pylint: disable=protected-access
     rng = np.random.default_rng(7)
     wg, wu = (jnp.asarray(rng.standard_normal((896, 4864)) * 896 ** -0.5, dt) for _ in range(2))
-    front = swiglu_front(x, norm.fold(wg, dt), norm.fold(wu, dt), norm.inv_rms(x))
+    front = swiglu_front(x, norm.fold(wg, dt), norm.fold(wu, dt), r, rms_eps=eps)
   xn = _reference_norm(x, norm.scale[...])
   g = xn @ np.asarray(wg, np.float64)
   np.testing.assert_allclose(np.asarray(front, np.float64), g / (1 + np.exp(-g)) * (xn @ np.asarray(wu, np.float64)),

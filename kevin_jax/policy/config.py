@@ -24,7 +24,7 @@ _DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
 _DECODE_QKV = ("auto", "xla", "pallas", "interpret")
 _DECODE_OUT = ("auto", "xla", "pallas", "interpret")
 _DECODE_ADD_NORM = ("auto", "xla", "pallas", "interpret")
-_DECODE_NORM = ("xla", "fold")
+_DECODE_NORM = ("xla", "fold", "inside")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -83,8 +83,10 @@ class ModelConfig:
       SwiGLU kernel (decode_mlp), where those run as Pallas kernels: 'xla' (the default: XLA's norm fusion writes
       the normed rows, which the kernel reads) | 'fold' (the norm's scale folded into the kernel's weights, rounded
       once to the compute dtype; XLA computes only each row's fp32 1/rms, which the kernel multiplies its
-      products by, and the kernel reads the raw residual). Elsewhere (XLA paths, prefill, training) the norm is
-      always XLA's.
+      products by, and the kernel reads the raw residual) | 'inside' (as 'fold', but each kernel computes the rows'
+      1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for the norm). Elsewhere (XLA
+      paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a folded copy of those weights
+      (for the 0.5B shape 0.47 GB in bf16) while the decode loop runs: XLA hoists the fold out of the loop.
   """
 
   vocab_size: int

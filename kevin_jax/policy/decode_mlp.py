@@ -47,27 +47,29 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(x_ref, *refs, block_d: int, scaled: bool):
-  """refs: [1/rms if scaled], w_gate, w_up, out."""
+def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None):
+  """refs: [1/rms if scaled], w_gate, w_up, out. rms_eps: the kernel computes 1/rms itself."""
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
   wg_ref, wu_ref, o_ref = refs
-  g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d)
-  if r_ref is not None:  # the RMSNorm: 1/rms per row (its scale is in the weights)
-    r = r_ref[...][:, None]
+  g, u, *ss = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1],
+                                    block_d, sumsq=rms_eps is not None)
+  if r_ref is not None or ss:  # the RMSNorm: 1/rms per row (its scale is in the weights)
+    r = (r_ref[...] if r_ref is not None else jax.lax.rsqrt(ss[0] / x_ref.shape[1] + rms_eps))[:, None]
     g, u = g * r, u * r
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "block_d", "block_m", "num_warps", "num_stages",
+@functools.partial(jax.jit, static_argnames=("rms_eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
                                              "interpret"))
 def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Array | None = None, *,
-                 block_n: int = BLOCK_N, block_d: int = BLOCK_D, block_m: int = BLOCK_M, num_warps: int = 4,
-                 num_stages: int = 3, interpret: bool = False) -> Array:
+                 rms_eps: float | None = None, block_n: int = BLOCK_N, block_d: int = BLOCK_D,
+                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
-  With inv_rms_B (fp32 [B]), x is the raw residual and the weights hold the RMSNorm's scale (fold_norm_scale):
-  each row's products are multiplied by inv_rms_B before the SwiGLU."""
+  With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
+  (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
+  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU."""
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -78,11 +80,13 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   scaled = inv_rms_B is not None
   if scaled and inv_rms_B.shape != (b,):
     raise ValueError(f"inv_rms_B must be [B={b}], got {inv_rms_B.shape}")
+  if scaled and rms_eps is not None:
+    raise ValueError("give inv_rms_B or rms_eps, not both")
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
   out = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d, scaled=scaled),
+      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps),
       grid=(mp // bm, f // block_n),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),

@@ -66,9 +66,9 @@ def supported(rows: int, hidden: int, head_dim: int, block_w: int = BLOCK_W) -> 
 
 
 def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int,
-            block_d: int, scaled: bool):
+            block_d: int, scaled: bool, rms_eps: float | None):
   """refs: [1/rms if scaled], the weights and biases of q, k, v, cos, sin, the caches (inputs: aliased, unread),
-  then the outputs q and the caches."""
+  then the outputs q and the caches. rms_eps: the kernel computes 1/rms itself."""
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
   wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, __, q_ref, kc_ref, vc_ref = refs
@@ -84,10 +84,11 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
     """fp32 (x @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`."""
     c1 = pl.multiple_of(head * head_dim + p * block_w, block_w)
     c2 = pl.multiple_of(c1 + half, block_w)
-    a1, a2 = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
-                                   lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d)
-    if r_ref is not None:  # the RMSNorm: 1/rms per row (its scale is in the weights)
-      r = r_ref[...][:, None]
+    a1, a2, *ss = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
+                                        lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d,
+                                        sumsq=rms_eps is not None)
+    if r_ref is not None or ss:  # the RMSNorm: 1/rms per row (its scale is in the weights)
+      r = (r_ref[...] if r_ref is not None else jax.lax.rsqrt(ss[0] / x_ref.shape[1] + rms_eps))[:, None]
       a1, a2 = a1 * r, a2 * r
     a1 += b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
     a2 += b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
@@ -133,21 +134,22 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
     store(vc_ref, head, slot, p, r1, r2)
 
 
-@functools.partial(jax.jit, static_argnames=("block_w", "block_d", "block_m", "num_warps", "num_stages",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("rms_eps", "block_w", "block_d", "block_m", "num_warps",
+                                             "num_stages", "interpret"))
 def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: Array, b_q_NxH: Array,
                    b_k_KxH: Array, b_v_KxH: Array, cos_BxH2: Array, sin_BxH2: Array, k_cache_BxKxSxH: Array,
                    v_cache_BxKxSxH: Array, slot: Array | int, inv_rms_B: Array | None = None, *,
-                   block_w: int = BLOCK_W, block_d: int = BLOCK_D,
+                   rms_eps: float | None = None, block_w: int = BLOCK_W, block_d: int = BLOCK_D,
                    block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = NUM_STAGES, interpret: bool = False
                    ) -> tuple[Array, Array, Array]:
   """One decode step's q, and the caches with this step's k and v written at `slot`.
 
   Returns (q [B, K, G_pad, H] in x's dtype, rows [G, G_pad) zero; k cache; v cache). q and k are rotated by the
   fp32 cos/sin [B, H/2] of each row's position. Weights as the model stores them ([D, N, H], [D, K, H]); biases
-  [N, H], [K, H]; caches [B, K, S, H]. x is the layer's normed input, or with inv_rms_B (fp32 [B]) its raw input:
-  the kernel then multiplies each row's projection by inv_rms_B before the bias (the RMSNorm with its scale
-  folded into the weights by the caller, fold_norm_scale).
+  [N, H], [K, H]; caches [B, K, S, H]. x is the layer's normed input, or with inv_rms_B (fp32 [B]) or rms_eps its
+  raw input: the kernel then multiplies each row's projection by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) +
+  rms_eps) computed in the kernel, before the bias (the RMSNorm, its scale folded into the weights by the caller:
+  RMSNorm.fold).
   """
   b, d = x_BxD.shape
   _, n, h = w_q_DxNxH.shape
@@ -173,8 +175,10 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   scaled = inv_rms_B is not None
   if scaled and inv_rms_B.shape != (b,):
     raise ValueError(f"inv_rms_B must be [B={b}], got {inv_rms_B.shape}")
+  if scaled and rms_eps is not None:
+    raise ValueError("give inv_rms_B or rms_eps, not both")
   kernel = functools.partial(_kernel, num_heads=n, num_kv_heads=kh, groups=groups, head_dim=h, block_w=block_w,
-                             block_d=block_d, scaled=scaled)
+                             block_d=block_d, scaled=scaled, rms_eps=rms_eps)
   whole = pl.BlockSpec()  # The whole array: the kernel computes its own offsets.
   rows = pl.BlockSpec((bm, d), lambda i, j: (i, 0))
   rope = pl.BlockSpec((bm, h // 2), lambda i, j: (i, 0))

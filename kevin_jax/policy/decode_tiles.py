@@ -44,24 +44,35 @@ def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
   return jax.lax.fori_loop(0, k // block_k, body, jnp.zeros((m, w_ref.shape[1]), jnp.float32))
 
 
-def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int) -> tuple[jax.Array, jax.Array]:
-  """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices.
+def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, sumsq: bool = False):
+  """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices; with sumsq also
+  each row's fp32 sum of squares [M] (an RMSNorm's 1/rms, its scale folded into W1 and W2 by the caller).
 
   The x slice goes to the dots as it is loaded: a kernel that multiplied it by an RMSNorm scale first (to apply
   the norm inside, r * ((x * scale) @ W)) took about twice as long on an H200 (19-21 against 9-11 us per layer;
-  BENCHMARKS.md "Sampler", twenty-third session), so the model applies XLA's norm before these kernels.
+  BENCHMARKS.md "Sampler", twenty-third session). The sums of squares come from the Gram matrix x x^T, one more dot
+  of the slice as loaded, whose diagonal they are: squaring the loaded slice elementwise in the pipelined loop gave
+  wrong sums on the GPU (a relative error of 0.12 in that session's bench_decode_norm variant), where the dot
+  keeps the slice a dot operand only.
   """
   m, d = x_ref.shape
 
   def body(t, carry):
-    a1, a2 = carry
+    a1, a2, g = carry
     ks = pl.ds(pl.multiple_of(t * block_d, block_d), block_d)
     x = x_ref[:, ks]
     w1 = load_w1(ks)
     exact = EXACT if w1.dtype == jnp.float32 else None
     a1 += jax.lax.dot(x, w1, precision=exact, preferred_element_type=jnp.float32)
     a2 += jax.lax.dot(x, load_w2(ks), precision=exact, preferred_element_type=jnp.float32)
-    return a1, a2
+    if sumsq:
+      g += jax.lax.dot_general(x, x, (((1,), (1,)), ((), ())), precision=exact, preferred_element_type=jnp.float32)
+    return a1, a2, g
 
   zeros = jnp.zeros((m, cols), jnp.float32)
-  return jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros))
+  gram = jnp.zeros((m, m) if sumsq else (1, 1), jnp.float32)
+  a1, a2, gram = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros, gram))
+  if not sumsq:
+    return a1, a2
+  eye = jnp.arange(m)[:, None] == jnp.arange(m)[None, :]
+  return a1, a2, jnp.sum(jnp.where(eye, gram, 0.0), axis=1)

@@ -251,6 +251,14 @@ def _decode_add_norm_impl(cfg: ModelConfig) -> str:
   return _resolve(cfg.decode_add_norm, decode_add_norm.supported(cfg.hidden_size) and cfg.fp32_upcast)
 
 
+def _decode_norm_args(cfg: ModelConfig, norm: RMSNorm | None, x_BxD: Array) -> tuple[Array | None, float | None]:
+  """A decode kernel's (inv_rms_B, rms_eps) for cfg.decode_norm: 'fold' -> XLA's 1/rms; 'inside' -> the kernel
+  computes it with the norm's eps; no norm (x comes normed) -> neither."""
+  if norm is None:
+    return None, None
+  return (norm.inv_rms(x_BxD), None) if cfg.decode_norm == "fold" else (None, norm.eps)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -273,7 +281,7 @@ class Attention(nnx.Module):
                     norm: RMSNorm | None = None) -> tuple[Array, tuple[Array, Array]]:
     """A decode step of the normed x through decode_qkv's one kernel (projection, RoPE, cache write), then decode
     attention. With `norm`, x is the raw residual: the norm's scale is folded into the q/k/v weights and the
-    kernel multiplies by its 1/rms (ModelConfig.decode_norm='fold')."""
+    kernel multiplies by its 1/rms (ModelConfig.decode_norm 'fold' or 'inside')."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
@@ -283,9 +291,10 @@ class Attention(nnx.Module):
     w = [p[...].astype(dt) if norm is None else norm.fold(p[...], dt)
          for p in (self.q_kernel, self.k_kernel, self.v_kernel)]
     b = [p[...].astype(dt) for p in (self.q_bias, self.k_bias, self.v_bias)]
-    inv_rms = None if norm is None else norm.inv_rms(x_BxD)
+    inv_rms, eps = _decode_norm_args(cfg, norm, x_BxD)
     q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
-        x_BxD.astype(dt), *w, *b, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, inv_rms, interpret=interpret)
+        x_BxD.astype(dt), *w, *b, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, inv_rms, rms_eps=eps,
+        interpret=interpret)
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
                                        groups=cfg.num_groups)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
@@ -300,7 +309,7 @@ class Attention(nnx.Module):
     b, t, _ = x_BxTxD.shape
     normed = (lambda: norm(x_BxTxD)) if normed_BxTxD is None else (lambda: normed_BxTxD)
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
-    if qkv != "xla" and normed_BxTxD is None and cfg.decode_norm == "fold":
+    if qkv != "xla" and normed_BxTxD is None and cfg.decode_norm != "xla":
       # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
       o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0], positions_BxT, cache_kv,
                                              interpret=qkv == "interpret", norm=norm)
@@ -389,11 +398,12 @@ class MLP(nnx.Module):
   def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
     """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
     dt = self.cfg.compute_jnp_dtype
-    if front != "xla" and self.cfg.decode_norm == "fold":
+    if front != "xla" and self.cfg.decode_norm != "xla":
       # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
       wg, wu = (norm.fold(k[...], dt) for k in (self.gate_kernel, self.up_kernel))
       x_BxD = x_BxTxD[:, 0]
-      return decode_mlp.swiglu_front(x_BxD.astype(dt), wg, wu, norm.inv_rms(x_BxD),
+      inv_rms, eps = _decode_norm_args(self.cfg, norm, x_BxD)
+      return decode_mlp.swiglu_front(x_BxD.astype(dt), wg, wu, inv_rms, rms_eps=eps,
                                      interpret=front == "interpret")[:, None]
     wg, wu = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel))
     if front == "xla":
