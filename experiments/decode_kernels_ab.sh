@@ -33,8 +33,9 @@
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
-#   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of decode_norm 'fold' / 'inside' (the q/k/v and
-#                                               # SwiGLU kernels with the norm inside)
+#   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
+#                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
+#                                               # norm inside) and the attention's merge 'kernel'
 #   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64
 #   bash experiments/decode_kernels_ab.sh 4     # the issue's whole benchmark table (0.5B and 1.5B, B 64/256)
 #
@@ -117,7 +118,8 @@ for part in ${parts//+/ }; do
 --stats-configs 16x128x4 --out \$OUT/head") ;;
     1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
-    n) stages+=("norm_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py") ;;
+    n) stages+=("norm_tests=200=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
+tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
