@@ -44,28 +44,6 @@ def test_unrolled_merge_matches_masked_einsum_fp32(splits, balance):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("splits,balance", [(1, False), (2, False), (4, True), (8, True)])
-def test_kernel_merge_matches_masked_einsum_fp32(splits, balance):
-  """merge='kernel' (the last split of each row and KV head to finish merges, counted on an atomic counter) gives
-  the exact attention, empty splits included; in interpret mode the programs run in order, so the last split
-  merges. Its output is [B, K, G, H] for q padded to 16 rows too (groups)."""
-  q, kc, vc, s = _case(jnp.float32)
-  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(65), gen_start=128)
-  got = decode_attention(q, kc, vc, ranges, num_splits=splits, balance=balance, merge="kernel", interpret=True)
-  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-  g = q.shape[2]
-  padded = jnp.pad(q, ((0, 0), (0, 0), (0, 16 - g), (0, 0)))
-  got = decode_attention(padded, kc, vc, ranges, num_splits=splits, balance=balance, merge="kernel", groups=g,
-                         interpret=True)
-  assert got.shape == want.shape
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-  if splits > 1:
-    with pytest.raises(ValueError, match="power-of-two"):
-      decode_attention(q, kc, vc, ranges, num_splits=splits + 1 if splits > 2 else 3, balance=True,
-                       merge="kernel", interpret=True)
-
-
 def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
   """Both merges on hand-made partials: split 1 is empty (m = -1e30, l = 0, acc = 0) and must not count; the
   result is sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), computed here in float64."""
@@ -116,8 +94,7 @@ def test_sampler_same_tokens_with_the_kernel():
   assert_sampler_same_with_kernel("decode_attention", head_dim=16)
 
 
-@pytest.mark.parametrize("balance,merge", [(False, "reduce"), (True, "reduce"), (True, "unrolled"), (False, "kernel"),
-                                           (True, "kernel")])
+@pytest.mark.parametrize("balance,merge", [(False, "reduce"), (True, "reduce"), (True, "unrolled")])
 @pytest.mark.parametrize("slots", [2048, 1088])
 def test_lowers_to_triton(balance, merge, slots):
   """The kernel lowers through Pallas' Triton backend for a GPU target (on the CPU: no device needed) at the

@@ -22,11 +22,6 @@ session); `merge='unrolled'` writes the same sums as a chain of elementwise ops 
 XLA's GEMM fusion may take into the o projection's operand, dropping that kernel. The two agree to fp32 rounding
 (tests). End to end on an H200 the unrolled merge gained nothing: bench_sampler at 0.5B, B = 64 ran 46,896 against
 46,943 decode tok/s with 'reduce' (BENCHMARKS.md "Sampler", twenty-sixth session), so 'reduce' stays the default.
-`merge='kernel'` merges inside the kernel: each program writes its partial, then counts itself done on a zeroed
-int32 counter of its (row, KV head) (an atomic add with acquire-release order at GPU scope, after a barrier of
-the program's threads); the program that finds the other splits done reads their partials back (volatile loads,
-past L1) and writes the G real rows of the output in q's dtype. No XLA op is left after the kernel, and the merge
-is deterministic (it sums in split order, whichever split merges). It needs a power-of-two number of splits.
 
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
@@ -52,8 +47,8 @@ _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, n
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
 BALANCE = False  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
-MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' | 'kernel' (docstring).
-_MERGES = ("reduce", "unrolled", "kernel")
+MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
+_MERGES = ("reduce", "unrolled")
 
 
 @jax.tree_util.register_dataclass
@@ -85,14 +80,8 @@ def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
   return n
 
 
-def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, *refs, gen_start: int, split_len: int, block_k: int,
-            scale: float, balance: bool, splits: int, groups: int, barrier: bool = True):
-  """refs: the outputs o, m, l (the splits' partials); with groups > 0 (merge='kernel') first the zeroed counters
-  (an input aliased to the last output), and after the partials the merged output and the counters."""
-  if groups:
-    _, o_ref, m_ref, l_ref, out_ref, cnt_ref = refs
-  else:
-    o_ref, m_ref, l_ref = refs
+def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen_start: int, split_len: int,
+            block_k: int, scale: float, balance: bool, splits: int):
   b, s = pl.program_id(0), pl.program_id(2)
   plen = plen_ref[b]
   glen = glen_ref[0]
@@ -142,31 +131,9 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, *refs, gen_start: int, spli
   carry = jax.lax.fori_loop(a0, jnp.maximum(a0, a1), block, carry)
   carry = jax.lax.fori_loop(b0, jnp.maximum(b0, b1), block, carry)
   acc, m, l = carry
-  if not groups:
-    o_ref[...] = acc
-    m_ref[...] = m
-    l_ref[...] = l
-    return
-  # merge='kernel': the partials go to whole-array refs; the split that finishes last merges its row's splits.
-  kh = pl.program_id(1)
-  o_ref[b, kh, s] = acc
-  m_ref[b, kh, s] = m
-  l_ref[b, kh, s] = l
-  if barrier:  # every thread's stores precede the counter's release (acq_rel, GPU scope); none in interpret mode
-    pl_triton.debug_barrier()
-  done = pl_triton.atomic_add(cnt_ref, (pl.ds(b * pl.num_programs(1) + kh, 1),), jnp.ones((1,), jnp.int32))
-
-  @pl.when(jnp.sum(done) == splits - 1)
-  def _merge():
-    # The splits' partials, volatile loads (past L1): the other splits wrote them from other SMs in this kernel. Per
-    # real row g (no row slicing of register tiles in Triton): [splits, H] and [splits]; merge_splits' formula.
-    for g in range(groups):
-      r = jnp.int32(g)
-      og = pl_triton.load(o_ref.at[b, kh, :, r, :], volatile=True)  # [splits, H]
-      mg = pl_triton.load(m_ref.at[b, kh, :, r], volatile=True)  # [splits]
-      lg = pl_triton.load(l_ref.at[b, kh, :, r], volatile=True)
-      wg = jnp.exp(mg - jnp.max(mg))
-      out_ref[b, kh, g, :] = (jnp.sum(og * wg[:, None], axis=0) / jnp.sum(lg * wg)).astype(out_ref.dtype)
+  o_ref[...] = acc
+  m_ref[...] = m
+  l_ref[...] = l
 
 
 def padded_rows(groups: int) -> int:
@@ -221,58 +188,35 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   split_len = s // splits
   gp = padded_rows(g)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
   q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - q_BxKxGxH.shape[2]), (0, 0)))
-  in_kernel = merge == "kernel"
-  if in_kernel and splits & (splits - 1):
-    raise ValueError(f"merge='kernel' needs a power-of-two number of splits (Triton tiles), got {splits}")
   kernel = functools.partial(_kernel, gen_start=ranges.gen_start, split_len=split_len, block_k=block_k,
-                             scale=h ** -0.5, balance=balance, splits=splits, groups=g if in_kernel else 0,
-                             barrier=not interpret)
+                             scale=h ** -0.5, balance=balance, splits=splits)
   kv_len = s if balance else split_len
   kv_map = (lambda i, j, t: (i, j, 0, 0)) if balance else (lambda i, j, t: (i, j, t, 0))
-  prologue = [ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
-              k_BxKxSxH, v_BxKxSxH]
-  in_specs = [
-      pl.BlockSpec((b,), lambda i, j, t: (0,)),  # prompt lengths
-      pl.BlockSpec((1,), lambda i, j, t: (0,)),  # generated length
-      pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0)),
-      pl.BlockSpec((None, None, kv_len, h), kv_map),
-      pl.BlockSpec((None, None, kv_len, h), kv_map),
-  ]
-  partials = [jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
-              jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
-              jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)]
-  params = pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-  if in_kernel:
-    # Each (row, KV head)'s splits count themselves done on a zeroed int32 counter (aliased in and out); the last
-    # one merges. The partials and the merged output are whole-array refs: the kernel indexes them itself.
-    whole = pl.BlockSpec()
-    *_, out, _ = pl.pallas_call(
-        kernel,
-        grid=(b, kh, splits),
-        in_specs=in_specs + [whole],
-        out_specs=[whole] * 5,
-        out_shape=partials + [jax.ShapeDtypeStruct((b, kh, g, h), q_BxKxGxH.dtype),
-                              jax.ShapeDtypeStruct((b * kh,), jnp.int32)],
-        input_output_aliases={5: 4},
-        compiler_params=params,
-        interpret=interpret,
-        name="kevin_decode_attention",
-    )(*prologue, jnp.zeros((b * kh,), jnp.int32))
-    return out
   o, m, l = pl.pallas_call(
       kernel,
       grid=(b, kh, splits),
-      in_specs=in_specs,
+      in_specs=[
+          pl.BlockSpec((b,), lambda i, j, t: (0,)),  # prompt lengths
+          pl.BlockSpec((1,), lambda i, j, t: (0,)),  # generated length
+          pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0)),
+          pl.BlockSpec((None, None, kv_len, h), kv_map),
+          pl.BlockSpec((None, None, kv_len, h), kv_map),
+      ],
       out_specs=[
           pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0)),
           pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
           pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
       ],
-      out_shape=partials,
-      compiler_params=params,
+      out_shape=[
+          jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+      ],
+      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_attention",
-  )(*prologue)
+  )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
+    k_BxKxSxH, v_BxKxSxH)
   # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
   # the slice into the merge instead of launching a separate slice kernel per layer).
   return merge_splits(o[..., :g, :], m[..., :g], l[..., :g], merge).astype(q_BxKxGxH.dtype)
