@@ -35,7 +35,7 @@
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
 #                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
-#                                               # norm inside) and the attention's merge 'kernel'
+#                                               # norm inside) and the attention kernel's
 #   bash experiments/decode_kernels_ab.sh 4a    # the benchmark on its goal's case: 0.5B, B = 64
 #   bash experiments/decode_kernels_ab.sh 4     # the whole benchmark table (0.5B and 1.5B, B 64/256)
 #
