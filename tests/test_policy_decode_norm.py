@@ -148,9 +148,38 @@ def test_sampler_fold_same_tokens_and_logprobs(mode):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_fold_decode_norms_keeps_the_function():
+  """Qwen2.fold_decode_norms (in place, as the sampler does inside its jitted decode loop): fp32 logits equal the
+  unfolded model's within 1e-5, the folded norms' scales are one, and RMSNorm.fold no longer scales."""
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32")
+  model = Qwen2(cfg, rngs=nnx.Rngs(3))
+  _random_norms(model, 5)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12)))
+  positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
+  want = np.asarray(model(tokens, positions)[0])
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def folded_logits(state):
+    m = nnx.merge(graphdef, state)
+    m.fold_decode_norms()
+    w = jnp.ones((cfg.hidden_size, 3))
+    return m(tokens, positions)[0], m.layers[0].input_norm.scale[...], m.layers[0].post_attn_norm.fold(w, w.dtype)
+
+  got, scale, w = folded_logits(state)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(scale) == 1) and np.all(np.asarray(w) == 1)
+  assert not model.layers[0].input_norm.folded  # the caller's model is untouched
+  np.testing.assert_array_equal(np.asarray(model(tokens, positions)[0]), want)
+
+
 def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_norm"):
     get_preset("tiny", decode_norm="pallas")
+
+
+def _max_err(got, want):
+  return max(float(np.max(np.abs(np.asarray(g, np.float64) - w))) for g, w in zip(got, want))
 
 
 @pytest.mark.gpu
@@ -158,26 +187,37 @@ def test_bad_config_value():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fold_kernels_on_gpu(dtype, mode):
   """Both kernels compiled by Triton with 1/rms given or their own at the 0.5B shape (64 rows), against the
-  float64 reference of the normed input: fp32 within 2e-5; bf16 within one bf16 rounding of the folded weights and
-  of the output."""
+  float64 reference of the normed input: fp32 within 2e-5; bf16 no more than 1.5x the error of the same kernel
+  on XLA's bf16-rounded normed input (the weights' one rounding after the fold against the normed x's)."""
   try:
     dev = jax.devices("gpu")[0]
   except RuntimeError:
     pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
   dt = jnp.dtype(dtype)
-  tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=2 ** -7, atol=2e-3)
   with jax.default_device(dev):
     x, weights, cos, sin, caches, slot = qkv_tests._case(64, 896, 14, 2, 64, 2048, dt)  # pylint: disable=protected-access
     norm = _norm(896, seed=6, dtype="float32")
+    xn = _reference_norm(x, norm.scale[...])
     folded = [norm.fold(w, dt) for w in weights[:3]]
     r, eps = _rms_args(mode, norm, x)
     got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, r, rms_eps=eps)
-    want = qkv_tests._reference(_reference_norm(x, norm.scale[...]), weights, cos, sin, caches, slot)  # pylint: disable=protected-access
-    qkv_tests._check(got, want, 2, 7, **tol)  # pylint: disable=protected-access
+    base = qkv_rope_cache(jnp.asarray(xn, dt), *weights, cos, sin, *caches, slot)
     rng = np.random.default_rng(7)
     wg, wu = (jnp.asarray(rng.standard_normal((896, 4864)) * 896 ** -0.5, dt) for _ in range(2))
     front = swiglu_front(x, norm.fold(wg, dt), norm.fold(wu, dt), r, rms_eps=eps)
-  xn = _reference_norm(x, norm.scale[...])
+    front_base = swiglu_front(jnp.asarray(xn, dt), wg, wu)
+  want = qkv_tests._reference(xn, weights, cos, sin, caches, slot)  # pylint: disable=protected-access
   g = xn @ np.asarray(wg, np.float64)
-  np.testing.assert_allclose(np.asarray(front, np.float64), g / (1 + np.exp(-g)) * (xn @ np.asarray(wu, np.float64)),
-                             **tol)
+  want_front = g / (1 + np.exp(-g)) * (xn @ np.asarray(wu, np.float64))
+  if dtype == "float32":
+    qkv_tests._check(got, want, 2, 7, rtol=2e-5, atol=2e-5)  # pylint: disable=protected-access
+    np.testing.assert_allclose(np.asarray(front, np.float64), want_front, rtol=2e-5, atol=2e-5)
+  else:
+    q = np.asarray(got[0], np.float64)
+    assert not np.any(q[:, :, 7:])  # decode_attention's padding rows are zero
+    wq = [want[0].reshape(64, 2, 7, 64), want[1], want[2]]
+    crop = lambda t: [np.asarray(t[0])[:, :, :7], t[1], t[2]]
+    err, err_base = _max_err(crop(got), wq), _max_err(crop(base), wq)
+    assert 0 < err <= 1.5 * err_base, (err, err_base)
+    err, err_base = _max_err([front], [want_front]), _max_err([front_base], [want_front])
+    assert 0 < err <= 1.5 * err_base, (err, err_base)
