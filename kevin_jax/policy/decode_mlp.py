@@ -6,8 +6,10 @@ of the 0.5B shape at B = 64). Here program (i, j) owns rows [i*block_m, (i+1)*bl
 [j*block_n, (j+1)*block_n) of both weight matrices: it loops over D in `block_d` slices, keeps the two fp32
 accumulators in registers, and writes silu(gate) * up once, in the input's dtype. The weights stay in their
 [D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
-matmul tiles); D and F must be multiples of 16 (`supported`). x comes normed (XLA's post-attention RMSNorm):
-inside the kernel the norm doubled its time (decode_tiles.dot_pair).
+matmul tiles); D and F must be multiples of 16 (`supported`). x comes normed (XLA's post-attention RMSNorm), or raw
+with the norm's scale folded into the weights and each row's 1/rms given (`inv_rms_B`) or computed here
+(`rms_eps`): ModelConfig.decode_norm. Multiplying the x slices by the scale inside the kernel doubled its time
+(decode_tiles.dot_pair).
 
 Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py

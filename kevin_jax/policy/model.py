@@ -41,8 +41,10 @@ policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the
 RoPE and cache write may run as one after XLA's input RMSNorm (cfg.decode_qkv, policy/decode_qkv.py), and its o
 projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py), and the residual add after the
 MLP with the next layer's input norm as a third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then
-takes that normed input). So Attention and MLP take the residual stream and their norm. Multi-token calls, and so
-every gradient, use the einsums.
+takes that normed input). So Attention and MLP take the residual stream and their norm. With cfg.decode_norm 'fold'
+or 'inside' the q/k/v and SwiGLU kernels take the raw residual and apply their norm as 1/rms on their products, the
+norm's scale folded into their weights (Qwen2.fold_decode_norms, which the sampler runs once before its decode
+loop). Multi-token calls, and so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
