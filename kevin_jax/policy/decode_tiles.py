@@ -51,9 +51,9 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, sumsq: bool = Fal
   The x slice goes to the dots as it is loaded: a kernel that multiplied it by an RMSNorm scale first (to apply
   the norm inside, r * ((x * scale) @ W)) took about twice as long on an H200 (19-21 against 9-11 us per layer;
   BENCHMARKS.md "Sampler", twenty-third session). The sums of squares come from the Gram matrix x x^T, one more dot
-  of the slice as loaded, whose diagonal they are: squaring the loaded slice elementwise in the pipelined loop gave
-  wrong sums on the GPU (a relative error of 0.12 in that session's bench_decode_norm variant), where the dot
-  keeps the slice a dot operand only.
+  of the slice as loaded, whose diagonal they are, so the slice stays a dot operand only. That session's one
+  variant that squared the loaded slice elementwise in the loop gave a wrong result on the GPU (relative error
+  0.12; the cause was not found); the Gram version passes the GPU tests (tests/test_policy_decode_norm.py).
   """
   m, d = x_ref.shape
 
