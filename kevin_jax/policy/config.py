@@ -87,8 +87,9 @@ class ModelConfig:
       1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for the norm). Elsewhere (XLA
       paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a folded copy of those weights
       (for the 0.5B shape 0.47 GB in bf16) while the decode loop runs (Qwen2.fold_decode_norms, once before it).
-      Opt-in: on an H100 (0.5B, batch 64) 'inside' with decode_out='pallas' gained 2.5 % (both norm fusions of a
-      layer go), 'inside' alone lost 0.6 % and 'fold' 1.8 % (BENCHMARKS.md "Sampler", twenty-eighth session).
+      Opt-in: at 0.5B, batch 64, 'inside' with decode_out='pallas' gained 1.9 % on an H200 and 2.2-2.5 % on an H100
+      (both norm fusions of a layer go); on the H100 'inside' alone lost 0.6 % and 'fold' 1.8 % (BENCHMARKS.md
+      "Sampler", twenty-eighth session).
   """
 
   vocab_size: int
