@@ -1,7 +1,8 @@
 """ModelConfig.decode_norm 'fold' and 'inside': the decode step's RMSNorms applied inside the q/k/v and SwiGLU
 kernels as 1/rms on their products, the norm's scale folded into their weights (RMSNorm.fold). 1/rms comes from
-XLA ('fold': RMSNorm.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside': `rms_eps`). Against the normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the
-CPU), the sampler end to end, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+XLA ('fold': RMSNorm.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside': `rms_eps`). Against the
+normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the CPU), the sampler end to end,
+and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
 
 import functools
 
@@ -171,6 +172,23 @@ def test_fold_decode_norms_keeps_the_function():
   assert np.all(np.asarray(scale) == 1) and np.all(np.asarray(w) == 1)
   assert not model.layers[0].input_norm.folded  # the caller's model is untouched
   np.testing.assert_array_equal(np.asarray(model(tokens, positions)[0]), want)
+
+
+def test_fold_decode_norms_only_where_a_kernel_runs():
+  """With a row count, only the norms whose Pallas kernel runs at that batch are folded: here the SwiGLU kernel
+  ('interpret') but not the q/k/v one ('xla'), and at 8 rows (under the q/k/v kernel's 16) as at 16."""
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", decode_qkv="xla", decode_mlp="interpret",
+                   decode_norm="inside")
+  model = Qwen2(cfg, rngs=nnx.Rngs(3))
+  _random_norms(model, 5)
+  q_before, g_before = model.layers[0].attn.q_kernel[...], model.layers[0].mlp.gate_kernel[...]
+  model.fold_decode_norms(16)
+  layer = model.layers[0]
+  assert not layer.input_norm.folded and layer.post_attn_norm.folded
+  np.testing.assert_array_equal(np.asarray(layer.attn.q_kernel[...]), np.asarray(q_before))
+  assert not np.array_equal(np.asarray(layer.mlp.gate_kernel[...]), np.asarray(g_before))
+  assert np.all(np.asarray(layer.post_attn_norm.scale[...]) == 1)
+  assert not np.all(np.asarray(layer.input_norm.scale[...]) == 1)
 
 
 def test_bad_config_value():

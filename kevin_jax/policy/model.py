@@ -313,21 +313,21 @@ class Attention(nnx.Module):
     caller has it already (cfg.decode_add_norm's kernel computes it with the previous layer's residual add)."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    normed = (lambda: norm(x_BxTxD)) if normed_BxTxD is None else (lambda: normed_BxTxD)
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
-    if qkv != "xla" and normed_BxTxD is None and cfg.decode_norm != "xla":
-      # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
-      o_BxKxGxH, new_kv = self._fused_decode(x_BxTxD[:, 0], positions_BxT, cache_kv,
-                                             interpret=qkv == "interpret", norm=norm)
-      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    elif qkv != "xla":
-      # With decode_norm='xla' the norm is XLA's fusion before the kernel: multiplying x by the scale inside the
-      # kernel (before the dots) made it slower than that (BENCHMARKS.md "Sampler", twenty-third session).
-      o_BxKxGxH, new_kv = self._fused_decode(normed()[:, 0].astype(cfg.compute_jnp_dtype), positions_BxT,
-                                             cache_kv, interpret=qkv == "interpret")
-      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    if qkv == "xla":
+      normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
+      o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
     else:
-      o_BxTxNxH, new_kv = self._attend_xla(normed(), positions_BxT, attn_mask_BxT, cache_kv)
+      if normed_BxTxD is None and cfg.decode_norm != "xla":
+        # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
+        x_BxD, kernel_norm = x_BxTxD[:, 0], norm
+      else:
+        # With decode_norm='xla' the norm is XLA's fusion before the kernel: multiplying x by the scale inside the
+        # kernel (before the dots) made it slower than that (BENCHMARKS.md "Sampler", twenty-third session).
+        x_BxD, kernel_norm = (norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD)[:, 0], None
+      o_BxKxGxH, new_kv = self._fused_decode(x_BxD, positions_BxT, cache_kv, interpret=qkv == "interpret",
+                                             norm=kernel_norm)
+      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
     out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     if out != "xla":
@@ -510,17 +510,22 @@ class Qwen2(nnx.Module):
       h_BxTxD = apply(layer, h_BxTxD, positions_BxT, attn_mask_BxT)
     return self.final_norm(h_BxTxD)
 
-  def fold_decode_norms(self) -> None:
+  def fold_decode_norms(self, rows: int | None = None) -> None:
     """In place (on a model merged inside a jitted function): every layer's input norm scale folded into its
     q/k/v weights and its post-attention norm scale into its gate/up weights (RMSNorm.fold: one rounding to the
     parameter dtype), and those scales set to one. The model computes the same function up to that rounding, and
     a decode step with cfg.decode_norm 'fold' or 'inside' then multiplies by 1/rms only. The sampler calls it once
     before its decode loop: folding inside each step re-read and re-wrote those weights every step, as XLA did not
-    hoist the fold out of the loop (0.5B decode 22 % slower on an H100, BENCHMARKS.md "Sampler")."""
+    hoist the fold out of the loop (0.5B decode 22 % slower on an H100, BENCHMARKS.md "Sampler"). rows: fold only
+    the norms whose Pallas kernel runs in a decode step of that many rows (XLA's paths apply the norm themselves),
+    so no weights are copied for nothing; None: all."""
     for layer in self.layers:
-      for norm, params in ((layer.input_norm, (layer.attn.q_kernel, layer.attn.k_kernel, layer.attn.v_kernel)),
-                           (layer.post_attn_norm, (layer.mlp.gate_kernel, layer.mlp.up_kernel))):
-        if norm.folded:
+      attn, mlp = layer.attn, layer.mlp
+      qkv_runs = rows is None or attn._decode_qkv_impl(rows) != "xla"  # pylint: disable=protected-access
+      front_runs = rows is None or mlp._decode_impls(rows)[0] != "xla"  # pylint: disable=protected-access
+      for norm, params, runs in ((layer.input_norm, (attn.q_kernel, attn.k_kernel, attn.v_kernel), qkv_runs),
+                                 (layer.post_attn_norm, (mlp.gate_kernel, mlp.up_kernel), front_runs)):
+        if norm.folded or not runs:
           continue
         for p in params:
           p[...] = norm.fold(p[...], p[...].dtype)

@@ -362,7 +362,8 @@ def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
   if model.cfg.decode_norm != "xla":
-    model.fold_decode_norms()  # once, before the loop (XLA did not hoist the fold out of it on its own)
+    # Once, before the loop (XLA did not hoist the fold out of it), for the kernels that run at this batch.
+    model.fold_decode_norms(carry["last"].shape[0])
   sample = _sampler_fn(model, decode_head, temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
 
   def cond(c):
