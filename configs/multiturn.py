@@ -54,7 +54,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: 4.4 % slower (0.5B, B 64).
   c.policy.decode_norm = "xla"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: xla (XLA's norm fusion) |
   #   fold (the scale folded into the kernels' weights, XLA computes only 1/rms per row) | inside (the kernels
-  #   compute 1/rms too). With decode_out = "pallas", inside gained 2.5 % on an H100 (0.5B, B 64); alone, both lost.
+  #   compute 1/rms too). With decode_out = "pallas", inside gained 1.9 % on an H200 and 2.2-2.5 % on an H100
+  #   (0.5B, B 64); alone, both lost on the H100.
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 

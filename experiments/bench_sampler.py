@@ -365,7 +365,8 @@ def write_summary(results: dict, args, final: bool) -> None:
       f"size, compiled concurrently. Whole run {results.get('wall_s', 0):.0f}s"
       + ("." if final else " (partial)."),
       f"Decode kernels: decode_attention={args.decode_attention}, decode_qkv={args.decode_qkv}, decode_out="
-      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_norm={args.decode_norm}, decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
+      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_norm={args.decode_norm}, "
+      f"decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
       f"options: {args.kernel_opts or 'defaults'}.",
   ]
   for model, entry in results["models"].items():

@@ -161,7 +161,8 @@ def main():
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": a.model,
          "decode_mlp": a.decode_mlp, "decode_down": a.decode_down, "decode_fusion": bool(a.decode_fusion),
          "decode_qkv": a.decode_qkv, "decode_out": a.decode_out, "decode_add_norm": a.decode_add_norm,
-         "decode_head": a.decode_head, "decode_norm": a.decode_norm, "kernel_opts": a.kernel_opts, "attention": [], "generate": []}
+         "decode_head": a.decode_head, "decode_norm": a.decode_norm, "kernel_opts": a.kernel_opts, "attention": [],
+         "generate": []}
   for b in batches if not a.no_attention else ():
     res["attention"].append(attention_bench(b, a.prompt_len, a.attn_new, a.gen_visible, a.reps, cfg))
   rng = np.random.default_rng(0)
@@ -184,7 +185,8 @@ def main():
     json.dump(res, f, indent=1)
   print(f"\nsummary (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, decode_mlp={a.decode_mlp}, "
         f"decode_down={a.decode_down}, decode_fusion={a.decode_fusion}, decode_qkv={a.decode_qkv}, "
-        f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, decode_head={a.decode_head}, decode_norm={a.decode_norm}, kernel options {kernel_opts}):")
+        f"decode_out={a.decode_out}, decode_add_norm={a.decode_add_norm}, decode_head={a.decode_head}, "
+        f"decode_norm={a.decode_norm}, kernel options {kernel_opts}):")
   for r in res["attention"]:
     print(f"  attention B={r['batch']}: " + ", ".join(
         f"{k} {v['us']:.1f} us ({v['visible_GBps']:.0f} GB/s, diff {v['max_abs_diff_vs_xla']:.1e})" if "us" in v

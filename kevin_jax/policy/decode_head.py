@@ -283,8 +283,8 @@ def sample(h_BxD: Array, w: Array, keys_Bx2: Array, temperature: Array, *, head_
     stats = head_stats(h_BxD, w, keys_Bx2, temperature, head_vd=head_vd, greedy=greedy, valid_vocab=valid_vocab,
                        logits_dtype=logits_dtype, interpret=interpret)
   else:
-    stats = logits_stats(head_logits(h_BxD, w, head_vd, logits_dtype), keys_Bx2, temperature, greedy=greedy, valid_vocab=valid_vocab,
-                         interpret=interpret)
+    stats = logits_stats(head_logits(h_BxD, w, head_vd, logits_dtype), keys_Bx2, temperature, greedy=greedy,
+                         valid_vocab=valid_vocab, interpret=interpret)
   return finish(stats, h_BxD.shape[0], temperature, greedy)
 
 
