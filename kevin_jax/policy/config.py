@@ -85,8 +85,9 @@ class ModelConfig:
       once to the compute dtype; XLA computes only each row's fp32 1/rms, which the kernel multiplies its
       products by, and the kernel reads the raw residual) | 'inside' (as 'fold', but each kernel computes the rows'
       1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for the norm). Elsewhere (XLA
-      paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a folded copy of those weights
-      (for the 0.5B shape 0.47 GB in bf16) while the decode loop runs (Qwen2.fold_decode_norms, once before it).
+      paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a folded copy of the weights of
+      the kernels that run at the decode batch (for the 0.5B shape 0.47 GB in bf16) while the decode loop runs
+      (Qwen2.fold_decode_norms, once before it).
       Opt-in: at 0.5B, batch 64, 'inside' with decode_out='pallas' gained 1.9 % on an H200 and 2.2-2.5 % on an H100
       (both norm fusions of a layer go); on the H100 'inside' alone lost 0.6 % and 'fold' 1.8 % (BENCHMARKS.md
       "Sampler", twenty-eighth session).
