@@ -80,8 +80,9 @@ def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
   return n
 
 
-def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen_start: int, split_len: int,
+def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_start: int, split_len: int,
             block_k: int, scale: float, balance: bool, splits: int):
+  """stat_refs: the partial's running max and sum; none with one split, which writes the normalized output."""
   b, s = pl.program_id(0), pl.program_id(2)
   plen = plen_ref[b]
   glen = glen_ref[0]
@@ -131,6 +132,10 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, gen
   carry = jax.lax.fori_loop(a0, jnp.maximum(a0, a1), block, carry)
   carry = jax.lax.fori_loop(b0, jnp.maximum(b0, b1), block, carry)
   acc, m, l = carry
+  if not stat_refs:  # one split: the softmax is complete (every row sees at least one slot)
+    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+    return
+  m_ref, l_ref = stat_refs
   o_ref[...] = acc
   m_ref[...] = m
   l_ref[...] = l
@@ -192,7 +197,10 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
                              scale=h ** -0.5, balance=balance, splits=splits)
   kv_len = s if balance else split_len
   kv_map = (lambda i, j, t: (i, j, 0, 0)) if balance else (lambda i, j, t: (i, j, t, 0))
-  o, m, l = pl.pallas_call(
+  stats = splits > 1  # one split writes the output itself: no partials, no merge
+  part_spec = pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0))
+  stat_spec = pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0))
+  outs = pl.pallas_call(
       kernel,
       grid=(b, kh, splits),
       in_specs=[
@@ -202,21 +210,19 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
           pl.BlockSpec((None, None, kv_len, h), kv_map),
           pl.BlockSpec((None, None, kv_len, h), kv_map),
       ],
-      out_specs=[
-          pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0)),
-          pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
-          pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
-      ],
+      out_specs=[part_spec, stat_spec, stat_spec] if stats else
+      [pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0))],
       out_shape=[
           jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
           jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
           jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
-      ],
+      ] if stats else [jax.ShapeDtypeStruct((b, kh, gp, h), q_BxKxGxH.dtype)],
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_attention",
   )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
     k_BxKxSxH, v_BxKxSxH)
-  # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
-  # the slice into the merge instead of launching a separate slice kernel per layer).
+  if not stats:
+    return outs[0][:, :, :g]
+  o, m, l = outs
   return merge_splits(o[..., :g, :], m[..., :g], l[..., :g], merge).astype(q_BxKxGxH.dtype)
