@@ -10,6 +10,9 @@
 #                                               # q/k/v, MLP, o projection, the residual add + norm.
 #                                               # `python3 experiments/decode_winners.py <files_at>` (after untarring
 #                                               # all.tar.gz) prints the winners and part 3's command for them.
+#   bash experiments/decode_kernels_ab.sh a     # the attention kernel alone (ATTN_SWEEP's configs, 4 layers, 256 and
+#                                               # 768 generated slots visible), then its winner's --kernel-opts
+#                                               # value in $OUT/winners.txt, as part 1q (~5 min)
 #   bash experiments/decode_kernels_ab.sh 1q    # part 1's q/k/v and MLP front/down benches only (~4 min); like part
 #                                               # 1 it ends by writing the winners' --kernel-opts value to
 #                                               # $OUT/winners.txt, which variants of a part 3 or 5 joined to it
@@ -66,6 +69,10 @@ down="64x64x4x4x5,64x64x0x4x3,64x64x2x4x5,64x64x4x4x6,64x64x4x4x4,32x64x4x4x5,64
 # fuse into the o projection); balanced splits; the residual add + next norm kernel; XLA's multi-output fusions
 # (SamplerConfig.decode_fusion). PART3B: the o projection + residual kernel (decode_out), alone and with the add +
 # norm kernel (together they leave XLA only the post-attention norm between kernels); both attention options.
+# part a: block_k x splits (0: the kernel's choice, 4 at B = 64) x warps x stages x balance; one split writes the
+# output itself (no merge)
+ATTN_SWEEP="64x0x4x2x0,64x0x4x3x0,64x0x4x3x1,64x8x4x2x1,64x8x4x3x1,64x16x4x2x1,64x1x4x4x0,64x2x4x3x1,128x0x4x3x1,\
+128x8x4x2x1"
 attn_opts="--kernel-opts decode_attention.decode_attention"
 PART3=("new:" "unrolled:$attn_opts:merge=unrolled" "balance:$attn_opts:balance=1" "addnorm:--decode-add-norm pallas" \
        "fusion:--decode-fusion 1")
@@ -90,7 +97,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 1q h n 2 2n 3 3b 5 4a 4 (see the header)" >&2
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q h n 2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
 # Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that
@@ -116,6 +123,8 @@ for part in ${parts//+/ }; do
     h) stages+=("head_tests=100=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_head.py"
                 "head=180=python3 experiments/bench_decode_head.py --configs 32x128x4x3,32x128x8x3,32x128x4x4 \
 --stats-configs 16x128x4 --out \$OUT/head") ;;
+    a) stages+=("attn=300=python3 experiments/bench_decode_attention.py --layers 4 --gen-visible 256,768 --configs \
+$ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     n) stages+=("norm_tests=200=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
