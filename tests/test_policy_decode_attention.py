@@ -94,14 +94,16 @@ def test_sampler_same_tokens_with_the_kernel():
   assert_sampler_same_with_kernel("decode_attention", head_dim=16)
 
 
-@pytest.mark.parametrize("balance,merge", [(False, "reduce"), (True, "reduce"), (True, "unrolled")])
+@pytest.mark.parametrize("balance,merge,splits", [(False, "reduce", 0), (True, "reduce", 0), (True, "unrolled", 0),
+                                                  (False, "reduce", 1)])
 @pytest.mark.parametrize("slots", [2048, 1088])
-def test_lowers_to_triton(balance, merge, slots):
+def test_lowers_to_triton(balance, merge, splits, slots):
   """The kernel lowers through Pallas' Triton backend for a GPU target (on the CPU: no device needed) at the
-  0.5B shape, B = 64, with a cache of a power of two of slots and not (1,024 prompt + 64 generated)."""
+  0.5B shape, B = 64, with a cache of a power of two of slots and not (1,024 prompt + 64 generated); one split
+  writes its output itself (no partials)."""
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
   ranges = SlotRanges(prompt_len_B=spec(64, dtype=jnp.int32), gen_len=spec(dtype=jnp.int32), gen_start=1024)
-  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, merge=merge)
+  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, merge=merge, num_splits=splits)
   text = jax.jit(fn).trace(spec(64, 2, 7, 64), spec(64, 2, slots, 64), spec(64, 2, slots, 64), ranges).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1

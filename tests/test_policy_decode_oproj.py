@@ -2,6 +2,8 @@
 a float64 reference: in interpret mode on the CPU, lowered to Triton IR for the GPU on the CPU, compiled by Triton
 on the GPU (marker gpu); and the sampler end to end with it, alone and with every decode kernel at once."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +34,20 @@ def test_matches_reference_fp32(b, n, hd, d, block_m, block_n):
   np.testing.assert_allclose(np.asarray(got), _reference(o, w, h), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("b,kh,groups,padded,hd,d", [(64, 2, 7, 16, 64, 128), (5, 3, 2, 16, 32, 64),
+                                                     (16, 1, 16, 16, 16, 48)])
+def test_padded_heads_match_reference_fp32(b, kh, groups, padded, hd, d):
+  """o in decode_attention's padded layout [B, K, G_pad, H]: only the real heads count (the padding rows hold
+  large values that would show if read)."""
+  o, w, h = _case(b, kh * groups, hd, d, jnp.float32, seed=2)
+  pad = jnp.full((b, kh, padded - groups, hd), 1e4, jnp.float32)
+  o_pad = jnp.concatenate([o.reshape(b, kh, groups, hd), pad], axis=2)
+  got = out_proj_residual(o_pad, w, h, groups=groups, interpret=True)
+  np.testing.assert_allclose(np.asarray(got), _reference(o, w, h), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="w_o must be"):
+    out_proj_residual(o_pad, w[:-1], h, groups=groups, interpret=True)
+
+
 def test_bf16_rounds_once():
   o, w, h = _case(16, 14, 64, 256, jnp.bfloat16, seed=1)
   got = np.asarray(out_proj_residual(o, w, h, interpret=True), np.float64)
@@ -60,6 +76,10 @@ def test_lowers_to_triton():
   args = (jax.ShapeDtypeStruct((b, n, hd), jnp.bfloat16), jax.ShapeDtypeStruct((n, hd, d), jnp.bfloat16),
           jax.ShapeDtypeStruct((b, d), jnp.bfloat16))
   text = jax.jit(out_proj_residual).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+  padded = jax.ShapeDtypeStruct((b, 2, 16, hd), jnp.bfloat16)  # decode_attention's layout, 7 real heads per KV head
+  fn = functools.partial(out_proj_residual, groups=7)
+  text = jax.jit(fn).trace(padded, *args[1:]).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1
 
 
@@ -109,5 +129,22 @@ def test_triton_kernel_on_gpu(dtype, b, block_n):
   o, w, h = _case(b, 14, 64, 896, jnp.dtype(dtype))
   with jax.default_device(dev):
     got = np.asarray(out_proj_residual(o, w, h, block_n=block_n), np.float64)
+  tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=2 ** -8, atol=1e-5)
+  np.testing.assert_allclose(got, _reference(o, w, h), **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_padded_heads_triton_kernel_on_gpu(dtype):
+  """decode_attention's padded layout [B, K=2, 16, H] with G = 7 real heads (the 0.5B shape), compiled by Triton:
+  the padding rows (large values) are skipped."""
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
+  o, w, h = _case(64, 14, 64, 896, jnp.dtype(dtype), seed=3)
+  o_pad = jnp.concatenate([o.reshape(64, 2, 7, 64), jnp.full((64, 2, 9, 64), 1e4, o.dtype)], axis=2)
+  with jax.default_device(dev):
+    got = np.asarray(out_proj_residual(o_pad, w, h, groups=7), np.float64)
   tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=2 ** -8, atol=1e-5)
   np.testing.assert_allclose(got, _reference(o, w, h), **tol)

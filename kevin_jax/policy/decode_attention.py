@@ -166,15 +166,18 @@ def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: 
   return num / den[..., None]
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "balance", "merge", "num_warps",
-                                             "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "padded", "balance", "merge",
+                                             "num_warps", "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
-                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, balance: bool = BALANCE,
+                     block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, padded: bool = False,
+                     balance: bool = BALANCE,
                      merge: str = MERGE, num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
   groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
-  so); G = groups. merge: how the splits are combined (merge_splits).
+  so); G = groups. padded (with groups): return [B, K, padded_rows(groups), H], the padding rows' values
+  meaningless (decode_oproj's `groups` reads only the real rows: no slice before it). merge: how the splits are
+  combined (merge_splits).
   """
   if merge not in _MERGES:
     raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
@@ -183,6 +186,8 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
     if g != padded_rows(groups):
       raise ValueError(f"with groups={groups}, q must hold {padded_rows(groups)} rows per KV head, got {g}")
     g = groups
+  elif padded:
+    raise ValueError("padded=True needs groups (q in decode_qkv's padded layout)")
   s = k_BxKxSxH.shape[2]
   if not supported(s, ranges.gen_start, h, block_k):
     raise ValueError(f"decode_attention needs S ({s}) and gen_start ({ranges.gen_start}) multiples of "
@@ -222,7 +227,8 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
       name="kevin_decode_attention",
   )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
     k_BxKxSxH, v_BxKxSxH)
+  keep = gp if padded else g  # rows to return
   if not stats:
-    return outs[0][:, :, :g]
+    return outs[0][:, :, :keep]
   o, m, l = outs
-  return merge_splits(o[..., :g, :], m[..., :g], l[..., :g], merge).astype(q_BxKxGxH.dtype)
+  return merge_splits(o[..., :keep, :], m[..., :keep], l[..., :keep], merge).astype(q_BxKxGxH.dtype)

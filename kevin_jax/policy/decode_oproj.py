@@ -39,19 +39,44 @@ def supported(inner: int, hidden: int) -> bool:
   return pick_block(inner, BLOCK_K) > 0 and pick_block(hidden, BLOCK_N) > 0
 
 
-def _kernel(o_ref, w_ref, h_ref, out_ref, *, block_k: int):
-  acc = decode_tiles.dot_loop(o_ref, w_ref, block_k)
+def _kernel(o_ref, w_ref, h_ref, out_ref, *, block_k: int, groups: int, padded: int, head_dim: int):
+  """groups > 0: o holds `padded` rows per KV head of head_dim each, the first `groups` real; the loop takes one
+  real head per iteration, skipping the padding."""
+  if not groups:
+    acc = decode_tiles.dot_loop(o_ref, w_ref, block_k)
+  else:
+    exact = decode_tiles.EXACT if w_ref.dtype == jnp.float32 else None
+
+    def body(t, acc):
+      row = jax.lax.div(t, groups) * padded + jax.lax.rem(t, groups)  # head t's row in o's [K, padded] layout
+      xs = o_ref[:, pl.ds(pl.multiple_of(row * head_dim, head_dim), head_dim)]
+      ws = w_ref[pl.ds(pl.multiple_of(t * head_dim, head_dim), head_dim), :]
+      return acc + jax.lax.dot(xs, ws, precision=exact, preferred_element_type=jnp.float32)
+
+    heads = w_ref.shape[0] // head_dim
+    acc = jax.lax.fori_loop(0, heads, body, jnp.zeros((o_ref.shape[0], w_ref.shape[1]), jnp.float32))
   out_ref[...] = (h_ref[...].astype(jnp.float32) + acc).astype(out_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "block_k", "block_m", "num_warps", "num_stages",
+@functools.partial(jax.jit, static_argnames=("groups", "block_n", "block_k", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, block_n: int = BLOCK_N,
+def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, groups: int = 0, block_n: int = BLOCK_N,
                       block_k: int = BLOCK_K, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
                       interpret: bool = False) -> Array:
   """h + o @ w_o: o [B, N, H] (the attention's heads), w_o [N, H, D] as the model stores it, h [B, D]; returns
-  [B, D] in h's dtype (fp32 accumulation and add, one rounding)."""
-  b, n, hd = o_BxNxH.shape
+  [B, D] in h's dtype (fp32 accumulation and add, one rounding).
+
+  groups > 0: o is decode_attention's padded layout [B, K, G_pad, H] with the groups = N / K real heads of each
+  KV head first; the kernel reads only those (no slice of o before it).
+  """
+  if groups:
+    b, kh, padded, hd = o_BxNxH.shape
+    n = kh * groups
+    if padded < groups:
+      raise ValueError(f"o holds {padded} rows per KV head, fewer than groups={groups}")
+  else:
+    b, n, hd = o_BxNxH.shape
+    padded = 0
   d = w_o_NxHxD.shape[2]
   if w_o_NxHxD.shape[:2] != (n, hd):
     raise ValueError(f"w_o must be [N={n}, H={hd}, D], got {w_o_NxHxD.shape}")
@@ -59,15 +84,16 @@ def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, block_n
     raise ValueError(f"the residual must be [B={b}, D={d}], got {h_BxD.shape}")
   inner = n * hd
   block_k, block_n = pick_block(inner, block_k), pick_block(d, block_n)
-  if not (block_k and block_n):
-    raise ValueError(f"out_proj_residual needs N*H ({inner}) and D ({d}) multiples of 16")
+  if not (block_k and block_n) or (groups and hd % 16):
+    raise ValueError(f"out_proj_residual needs N*H ({inner}), D ({d}) and with groups H ({hd}) multiples of 16")
   mp, bm = decode_tiles.row_tiles(b, block_m)
-  o = decode_tiles.pad_rows(o_BxNxH.reshape(b, inner).astype(w_o_NxHxD.dtype), mp)
+  width = o_BxNxH.size // b  # o's columns: N*H, or K*G_pad*H with groups
+  o = decode_tiles.pad_rows(o_BxNxH.reshape(b, width).astype(w_o_NxHxD.dtype), mp)
   out = pl.pallas_call(
-      functools.partial(_kernel, block_k=block_k),
+      functools.partial(_kernel, block_k=block_k, groups=groups, padded=padded, head_dim=hd),
       grid=(mp // bm, d // block_n),
       in_specs=[
-          pl.BlockSpec((bm, inner), lambda i, j: (i, 0)),
+          pl.BlockSpec((bm, width), lambda i, j: (i, 0)),
           pl.BlockSpec((inner, block_n), lambda i, j: (0, j)),
           pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
       ],

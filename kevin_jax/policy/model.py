@@ -196,11 +196,12 @@ def _resolve(impl: str, fits: bool) -> str:
 
 
 def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
-                           visible: Array | SlotRanges, groups: int = 0) -> Array:
+                           visible: Array | SlotRanges, groups: int = 0, padded: bool = False) -> Array:
   """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges.
 
   groups > 0: q holds that many real query rows per KV head, then zero rows up to decode_attention's padded
-  count (decode_qkv's layout); returns [B, K, groups, H] either way.
+  count (decode_qkv's layout); returns [B, K, groups, H] either way, or with `padded` and the Pallas kernel
+  [B, K, G_pad, H] (its padding rows meaningless).
   """
   s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
@@ -208,7 +209,7 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
     impl = _resolve(impl, decode_attention.supported(s, visible.gen_start, h))
     if impl in ("pallas", "interpret"):
       return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, groups=groups,
-                                               interpret=impl == "interpret")
+                                               padded=padded and groups > 0, interpret=impl == "interpret")
     visible = visible.mask(s)
   elif impl in ("pallas", "interpret"):
     raise ValueError(f"decode_attention={impl!r} needs the cache visibility as SlotRanges, not a mask")
@@ -284,10 +285,11 @@ class Attention(nnx.Module):
                     and rows <= decode_qkv.MAX_ROWS)
 
   def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool,
-                    norm: RMSNorm | None = None) -> tuple[Array, tuple[Array, Array]]:
+                    norm: RMSNorm | None = None, padded: bool = False) -> tuple[Array, tuple[Array, Array]]:
     """A decode step of the normed x through decode_qkv's one kernel (projection, RoPE, cache write), then decode
     attention. With `norm`, x is the raw residual: the norm's scale is folded into the q/k/v weights and the
-    kernel multiplies by its 1/rms (ModelConfig.decode_norm 'fold' or 'inside')."""
+    kernel multiplies by its 1/rms (ModelConfig.decode_norm 'fold' or 'inside'). padded: the output may keep
+    decode_qkv's padding rows (_decode_step_attention), for the o projection kernel."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
@@ -302,7 +304,7 @@ class Attention(nnx.Module):
         x_BxD.astype(dt), *w, *b, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, inv_rms, rms_eps=eps,
         interpret=interpret)
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
-                                       groups=cfg.num_groups)
+                                       groups=cfg.num_groups, padded=padded)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
 
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
@@ -314,6 +316,8 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
+    out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
+    o_groups = 0  # > 0: o is [B, K, G_pad, H] with that many real heads per KV head (the o kernel's layout)
     if qkv == "xla":
       normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
       o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
@@ -326,12 +330,15 @@ class Attention(nnx.Module):
         # kernel (before the dots) made it slower than that (BENCHMARKS.md "Sampler", twenty-third session).
         x_BxD, kernel_norm = (norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD)[:, 0], None
       o_BxKxGxH, new_kv = self._fused_decode(x_BxD, positions_BxT, cache_kv, interpret=qkv == "interpret",
-                                             norm=kernel_norm)
-      o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
+                                             norm=kernel_norm, padded=out != "xla")
+      if o_BxKxGxH.shape[2] != cfg.num_groups:
+        o_groups = cfg.num_groups
+      else:
+        o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
-    out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     if out != "xla":
-      h_BxD = decode_oproj.out_proj_residual(o_BxTxNxH[:, 0], w_o, x_BxTxD[:, 0], interpret=out == "interpret")
+      o = o_BxKxGxH if o_groups else o_BxTxNxH[:, 0]
+      h_BxD = decode_oproj.out_proj_residual(o, w_o, x_BxTxD[:, 0], groups=o_groups, interpret=out == "interpret")
       return h_BxD[:, None], new_kv
     return x_BxTxD + jnp.einsum("btnh,nhd->btd", o_BxTxNxH, w_o), new_kv
 
