@@ -122,12 +122,13 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge):
   np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm"])
+@pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm", "decode_out"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_kernel_sampler_on_gpu(tmp_path, dtype, field):
   """ModelConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
   q/k/v kernel's smallest batch): decode_qkv (the fused q/k/v projection, RoPE and cache write) and decode_add_norm
-  (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on). The greedy tokens of the XLA
+  (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on), decode_out (the o projection
+  + residual kernel, reading the attention's padded output; q/k/v 'auto'). The greedy tokens of the XLA
   path in fp32; in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
   dev = _gpu()
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
