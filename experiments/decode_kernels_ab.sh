@@ -31,6 +31,9 @@
 #                                               # transformers) per variant, alternated twice, NAME:FLAGS as in part
 #                                               # 3 but bench_sampler's flags (it takes --kernel-opts too; default
 #                                               # set: PART5); experiments/bench_ab_table.py puts them side by side
+#   bash experiments/decode_kernels_ab.sh 5a    # part 5 with PART5A's variants: the attention's splits, balance and
+#                                               # stages end to end, on the twenty-eighth session's best options
+#                                               # (~8.5 min at AB_S=480)
 #   bash experiments/decode_kernels_ab.sh h     # the fused LM head + draw (policy/decode_head.py): its GPU tests, then
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
@@ -80,6 +83,14 @@ PART3=("new:" "unrolled:$attn_opts:merge=unrolled" "balance:$attn_opts:balance=1
 PART3B=("new:" "oproj:--decode-out pallas" "oproj_addnorm:--decode-out pallas --decode-add-norm pallas" \
         "bal_unrolled:$attn_opts:balance=1,merge=unrolled")
 PART5=("new:" "fusion:--decode-fusion 1")  # add + norm and the unrolled merge lost on 2026-12-05
+# PART5A: on `inout` (the norms inside the kernels + the o projection kernel: +1.9 % on an H200, 2026-12-05), the
+# attention with one split (it writes its output itself; the o kernel reads its padded rows: no merge, no slice)
+# with 2 and 4 stages and 128-slot blocks, and balanced splits (4, and 8 with 3 stages). At B = 64 the kernel reads
+# ~50 MB of cache per layer at ~2.3 TB/s (21.5 us alone, twenty-sixth session): 1/3 of the step.
+inout="--decode-norm inside --decode-out pallas"
+PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_opts:num_splits=1,num_stages=4"
+        "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
+        "bal8s:$inout $attn_opts:balance=1,num_splits=8,num_stages=3")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -98,7 +109,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q h n 2 2n 3 3b 5 4a 4 (see the header)" >&2
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q h 5a n 2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
 # Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that
@@ -134,6 +145,8 @@ tests/test_policy_decode_oproj.py::test_padded_heads_triton_kernel_on_gpu tests/
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
+    5a) ab_stages "$bench" "${PART5A[@]}"
+        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     4a) stages+=("bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
