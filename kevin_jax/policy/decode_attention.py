@@ -16,6 +16,12 @@ an equal run of them, prompt blocks first): with fixed ranges, while the generat
 the prompt read whole ranges and those past it little or nothing. Not yet measured on a GPU, so off by default
 (BALANCE); experiments/bench_decode_attention.py times both (experiments/decode_kernels_ab.sh part 1).
 
+With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
+cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
+`padded=True` it returns decode_qkv's padded [B, K, G_pad, H] rows as written, which decode_oproj's `groups` reads
+without a slice before it. Not yet measured on a GPU (experiments/decode_kernels_ab.sh part 5a); the default keeps
+_num_splits' choice (4 splits at B = 64 with 2,048 slots).
+
 The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions over the split axis, which XLA
 runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third
 session); `merge='unrolled'` writes the same sums as a chain of elementwise ops over the splits' slices, which
@@ -175,9 +181,11 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
   groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
-  so); G = groups. padded (with groups): return [B, K, padded_rows(groups), H], the padding rows' values
-  meaningless (decode_oproj's `groups` reads only the real rows: no slice before it). merge: how the splits are
-  combined (merge_splits).
+  so); G = groups. padded (with groups): the caller takes [B, K, padded_rows(groups), H] too, the padding rows'
+  values meaningless (decode_oproj's `groups` reads only the real rows). One split then returns its output as
+  written (slicing the real rows would be a copy); several splits return [B, K, G, H] anyway (the merge fusion
+  drops the padding rows as it reads, and more rows would only cost it). merge: how the splits are combined
+  (merge_splits).
   """
   if merge not in _MERGES:
     raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
@@ -227,7 +235,7 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
       name="kevin_decode_attention",
   )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
     k_BxKxSxH, v_BxKxSxH)
-  keep = gp if padded else g  # rows to return
+  keep = gp if padded and not stats else g  # rows to return
   if not stats:
     return outs[0][:, :, :keep]
   o, m, l = outs

@@ -9,6 +9,10 @@ it loops over N*H in `block_k` slices with an fp32 accumulator, adds the residua
 The post-attention RMSNorm stays XLA's fusion: applied inside the MLP's Pallas front it made that kernel 19.1 us
 instead of 8.9 (BENCHMARKS.md "Sampler", twenty-third session).
 
+With `groups` the kernel takes decode_attention's padded output [B, K, G_pad, H] as it is (the model passes it when
+the attention is the Pallas kernel) and loops over the real heads one H-wide slice at a time, so no XLA slice of
+the attention's output runs before it (twenty-ninth session; not yet measured on a GPU).
+
 Numbers: fp32 accumulation and residual add, one rounding (XLA's path rounds o @ W_o to the compute dtype before
 the add). tests/test_policy_decode_oproj.py compares with a float64 reference in interpret mode (fp32) and checks
 the Triton lowering on the CPU; its GPU test compares on the GPU. On an H200 (0.5B shape, B = 64) the kernel

@@ -200,8 +200,8 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
   """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges.
 
   groups > 0: q holds that many real query rows per KV head, then zero rows up to decode_attention's padded
-  count (decode_qkv's layout); returns [B, K, groups, H] either way, or with `padded` and the Pallas kernel
-  [B, K, G_pad, H] (its padding rows meaningless).
+  count (decode_qkv's layout); returns [B, K, groups, H] either way, or with `padded` possibly [B, K, G_pad, H]
+  (the Pallas kernel with one split; the padding rows meaningless): callers check the shape.
   """
   s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
