@@ -86,7 +86,7 @@ PART5=("new:" "fusion:--decode-fusion 1")  # add + norm and the unrolled merge l
 # PART5A: on `inout` (the norms inside the kernels + the o projection kernel: +1.9 % on an H200, 2026-12-05), the
 # attention with one split (it writes its output itself; the o kernel reads its padded rows: no merge, no slice)
 # with 2 and 4 stages and 128-slot blocks, and balanced splits (4, and 8 with 3 stages). At B = 64 the kernel reads
-# ~50 MB of cache per layer at ~2.3 TB/s (21.5 us alone, twenty-sixth session): 1/3 of the step.
+# ~50 MB of cache per layer at ~2.6 TB/s (its kernel in the twenty-third session's profile): 1/3 of the step.
 inout="--decode-norm inside --decode-out pallas"
 PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_opts:num_splits=1,num_stages=4"
         "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
@@ -109,7 +109,8 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q h 5a n 2 2n 3 3b 5 4a 4 (see the header)" >&2
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q h 5a n 2 2n 3 3b 5 4a 4 (see the" \
+       "header)" >&2
   exit 2
 }
 # Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that
@@ -141,7 +142,8 @@ $ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     n) stages+=("norm_tests=200=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu \
-tests/test_policy_decode_oproj.py::test_padded_heads_triton_kernel_on_gpu tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
+tests/test_policy_decode_oproj.py::test_padded_heads_triton_kernel_on_gpu \
+tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
