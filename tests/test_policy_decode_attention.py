@@ -44,6 +44,21 @@ def test_unrolled_merge_matches_masked_einsum_fp32(splits, balance):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 0])
+def test_padded_output_for_the_o_kernel(splits):
+  """padded=True with q in decode_qkv's padded layout: one split returns its [B, K, 16, H] output as written (the
+  real rows first), several splits the merged [B, K, G, H]; the real rows equal the masked einsum either way."""
+  q, kc, vc, s = _case(jnp.float32)
+  q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, 16 - q.shape[2]), (0, 0)))
+  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(40), gen_start=128)
+  got = decode_attention(q_pad, kc, vc, ranges, groups=7, padded=True, num_splits=splits, interpret=True)
+  assert got.shape == (3, 2, 16 if splits == 1 else 7, 64)
+  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
+  np.testing.assert_allclose(np.asarray(got[:, :, :7]), np.asarray(want), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="padded=True needs groups"):
+    decode_attention(q, kc, vc, ranges, padded=True, interpret=True)
+
+
 def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
   """Both merges on hand-made partials: split 1 is empty (m = -1e30, l = 0, acc = 0) and must not count; the
   result is sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), computed here in float64."""
