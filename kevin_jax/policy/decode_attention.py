@@ -176,8 +176,8 @@ def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: 
                                              "num_warps", "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
                      block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, padded: bool = False,
-                     balance: bool = BALANCE,
-                     merge: str = MERGE, num_warps: int = 4, num_stages: int = 2, interpret: bool = False) -> Array:
+                     balance: bool = BALANCE, merge: str = MERGE, num_warps: int = 4, num_stages: int = 2,
+                     interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
   groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
@@ -235,8 +235,9 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
       name="kevin_decode_attention",
   )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
     k_BxKxSxH, v_BxKxSxH)
-  keep = gp if padded and not stats else g  # rows to return
-  if not stats:
-    return outs[0][:, :, :keep]
+  if not stats:  # one split: the output as written, or its real rows
+    return outs[0] if padded else outs[0][:, :, :g]
   o, m, l = outs
-  return merge_splits(o[..., :keep, :], m[..., :keep], l[..., :keep], merge).astype(q_BxKxGxH.dtype)
+  # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
+  # the slice into the merge instead of launching a separate slice kernel per layer).
+  return merge_splits(o[..., :g, :], m[..., :g], l[..., :g], merge).astype(q_BxKxGxH.dtype)
