@@ -100,6 +100,22 @@ def test_sampler_same_tokens_with_every_decode_kernel():
                                   max_new_tokens=20, batch_size=16, head_dim=32)
 
 
+def test_sampler_same_tokens_with_one_split_attention(monkeypatch):
+  """Every decode kernel (interpret) with the attention in one split: it returns its padded output as written and
+  the o projection kernel reads that layout (the path the other sampler tests, with 2 splits, do not take)."""
+  from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
+  calls, kernel = [], attn_lib.decode_attention
+
+  def one_split(*args, **kw):
+    calls.append(kw.get("padded"))
+    return kernel(*args, num_splits=1, **kw)
+
+  monkeypatch.setattr(attn_lib, "decode_attention", one_split)
+  assert_sampler_same_with_kernel(("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out"),
+                                  max_new_tokens=20, batch_size=16, head_dim=32)
+  assert True in calls  # the padded path ran (the 'interpret' pass)
+
+
 def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_out"):
     get_preset("tiny", decode_out="triton")

@@ -5,10 +5,14 @@
 - the GPU sampler's greedy tokens equal transformers' generate on the same (float32) checkpoint;
   both sampler tests run with the decode step's down projection as XLA's einsum and as the split Pallas kernel
   (ModelConfig.decode_down).
-- the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches);
-- the fused decode q/k/v kernel (ModelConfig.decode_qkv) and the residual add + norm kernel (decode_add_norm) in
-  the sampler: the XLA path's greedy tokens in fp32, a float32 forward pass's log-probs in bf16.
+- the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches; split
+  or not);
+- the fused decode q/k/v kernel (ModelConfig.decode_qkv), the residual add + norm kernel (decode_add_norm) and the
+  o projection kernel on the one-split attention's padded output (decode_out) in the sampler: the XLA path's greedy
+  tokens in fp32, a float32 forward pass's log-probs in bf16.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -98,11 +102,13 @@ def test_greedy_on_gpu_equals_transformers(tmp_path, decode_down):
     assert toks == ref
 
 
-@pytest.mark.parametrize("balance,merge", [(False, "reduce"), (True, "reduce"), (True, "unrolled")])
+@pytest.mark.parametrize("balance,merge,splits", [(False, "reduce", 0), (True, "reduce", 0), (True, "unrolled", 0),
+                                                  (False, "reduce", 1)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge):
+def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge, splits):
   """The Triton-compiled kernel (not interpret mode) on a Qwen2.5-0.5B-shaped cache with ragged prompts, its
-  splits over fixed slot ranges or balanced over each row's visible blocks, merged either way."""
+  splits over fixed slot ranges or balanced over each row's visible blocks, merged either way; and one split,
+  which writes its output itself."""
   from kevin_jax.policy.decode_attention import SlotRanges, decode_attention  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.model import _decode_attend  # pylint: disable=g-import-not-at-top
   dev = _gpu()
@@ -114,7 +120,8 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge):
     vc = jnp.asarray(rng.standard_normal((b, k, p + n, h)), dtype)
     ranges = SlotRanges(prompt_len_B=jnp.asarray(rng.integers(1, p + 1, b), jnp.int32), gen_len=jnp.int32(333),
                         gen_start=p)
-    got = np.asarray(decode_attention(q, kc, vc, ranges, balance=balance, merge=merge), np.float32)
+    got = np.asarray(decode_attention(q, kc, vc, ranges, balance=balance, merge=merge, num_splits=splits),
+                     np.float32)
     with jax.default_matmul_precision("highest"):
       want = np.asarray(_decode_attend(q.astype(jnp.float32), kc.astype(jnp.float32), vc.astype(jnp.float32),
                                        ranges.mask(p + n), True), np.float32)
@@ -124,13 +131,17 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge):
 
 @pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm", "decode_out"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_kernel_sampler_on_gpu(tmp_path, dtype, field):
+def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, dtype, field):
   """ModelConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
   q/k/v kernel's smallest batch): decode_qkv (the fused q/k/v projection, RoPE and cache write) and decode_add_norm
   (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on), decode_out (the o projection
-  + residual kernel, reading the attention's padded output; q/k/v 'auto'). The greedy tokens of the XLA
+  + residual kernel; q/k/v 'auto'; the attention in one split, so the kernel reads its padded output). The greedy
+  tokens of the XLA
   path in fp32; in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
   dev = _gpu()
+  if field == "decode_out":
+    from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
+    monkeypatch.setattr(attn_lib, "decode_attention", functools.partial(attn_lib.decode_attention, num_splits=1))
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
   prompts = [list(np.random.RandomState(n).randint(0, 512, n)) for n in range(3, 19)]
   outs = {}
