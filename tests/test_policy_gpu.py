@@ -131,7 +131,7 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge, sp
 
 @pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm", "decode_out"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, dtype, field):
+def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, request, dtype, field):
   """ModelConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
   q/k/v kernel's smallest batch): decode_qkv (the fused q/k/v projection, RoPE and cache write) and decode_add_norm
   (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on), decode_out (the o projection
@@ -142,6 +142,8 @@ def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, dtype, field):
   if field == "decode_out":
     from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
     monkeypatch.setattr(attn_lib, "decode_attention", functools.partial(attn_lib.decode_attention, num_splits=1))
+    jax.clear_caches()  # no decode loop compiled with the unpatched kernel is reused
+    request.addfinalizer(jax.clear_caches)  # nor is this one's by later tests
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
   prompts = [list(np.random.RandomState(n).randint(0, 512, n)) for n in range(3, 19)]
   outs = {}
