@@ -54,11 +54,8 @@ def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None):
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
   wg_ref, wu_ref, o_ref = refs
-  g, u, *ss = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1],
-                                    block_d, sumsq=rms_eps is not None)
-  if r_ref is not None or ss:  # the RMSNorm: 1/rms per row (its scale is in the weights)
-    r = (r_ref[...] if r_ref is not None else jax.lax.rsqrt(ss[0] / x_ref.shape[1] + rms_eps))[:, None]
-    g, u = g * r, u * r
+  g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d,
+                               r_ref, rms_eps)
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
@@ -79,11 +76,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   block_d, block_n = pick_block(d, block_d), pick_block(f, block_n)
   if not (block_d and block_n):
     raise ValueError(f"swiglu_front needs D ({d}) and F ({f}) multiples of 16")
-  scaled = inv_rms_B is not None
-  if scaled and inv_rms_B.shape != (b,):
-    raise ValueError(f"inv_rms_B must be [B={b}], got {inv_rms_B.shape}")
-  if scaled and rms_eps is not None:
-    raise ValueError("give inv_rms_B or rms_eps, not both")
+  scaled = decode_tiles.check_norm_args(b, inv_rms_B, rms_eps)
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []

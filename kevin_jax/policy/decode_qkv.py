@@ -84,12 +84,8 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
     """fp32 (x @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`."""
     c1 = pl.multiple_of(head * head_dim + p * block_w, block_w)
     c2 = pl.multiple_of(c1 + half, block_w)
-    a1, a2, *ss = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
-                                        lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d,
-                                        sumsq=rms_eps is not None)
-    if r_ref is not None or ss:  # the RMSNorm: 1/rms per row (its scale is in the weights)
-      r = (r_ref[...] if r_ref is not None else jax.lax.rsqrt(ss[0] / x_ref.shape[1] + rms_eps))[:, None]
-      a1, a2 = a1 * r, a2 * r
+    a1, a2 = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
+                                   lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d, r_ref, rms_eps)
     a1 += b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
     a2 += b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
     return a1, a2
@@ -172,11 +168,7 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   groups = n // kh
   per_head = h // 2 // block_w
   dt = w_q_DxNxH.dtype
-  scaled = inv_rms_B is not None
-  if scaled and inv_rms_B.shape != (b,):
-    raise ValueError(f"inv_rms_B must be [B={b}], got {inv_rms_B.shape}")
-  if scaled and rms_eps is not None:
-    raise ValueError("give inv_rms_B or rms_eps, not both")
+  scaled = decode_tiles.check_norm_args(b, inv_rms_B, rms_eps)
   kernel = functools.partial(_kernel, num_heads=n, num_kv_heads=kh, groups=groups, head_dim=h, block_w=block_w,
                              block_d=block_d, scaled=scaled, rms_eps=rms_eps)
   whole = pl.BlockSpec()  # The whole array: the kernel computes its own offsets.

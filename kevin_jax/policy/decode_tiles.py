@@ -44,9 +44,23 @@ def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
   return jax.lax.fori_loop(0, k // block_k, body, jnp.zeros((m, w_ref.shape[1]), jnp.float32))
 
 
-def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, sumsq: bool = False):
-  """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices; with sumsq also
-  each row's fp32 sum of squares [M] (an RMSNorm's 1/rms, its scale folded into W1 and W2 by the caller).
+def check_norm_args(rows: int, inv_rms_B: jax.Array | None, rms_eps: float | None) -> bool:
+  """A decode kernel's RMSNorm arguments (ModelConfig.decode_norm): each row's fp32 1/rms [rows], or the eps for
+  the kernel to compute it, or neither (x comes normed). Returns whether inv_rms_B is given (a kernel input)."""
+  if inv_rms_B is None:
+    return False
+  if inv_rms_B.shape != (rows,):
+    raise ValueError(f"inv_rms_B must be [B={rows}], got {inv_rms_B.shape}")
+  if rms_eps is not None:
+    raise ValueError("give inv_rms_B or rms_eps, not both")
+  return True
+
+
+def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None, rms_eps: float | None = None):
+  """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices. With inv_rms_ref
+  (fp32 [M]) or rms_eps, x is a raw residual whose RMSNorm scale the caller folded into W1 and W2 (RMSNorm.fold):
+  both products are multiplied by each row's 1/rms, read from the ref or computed here as rsqrt(mean(x^2) +
+  rms_eps) from the rows' sums of squares.
 
   The x slice goes to the dots as it is loaded: a kernel that multiplied it by an RMSNorm scale first (to apply
   the norm inside, r * ((x * scale) @ W)) took about twice as long on an H200 (19-21 against 9-11 us per layer;
@@ -56,6 +70,7 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, sumsq: bool = Fal
   0.12; the cause was not found); the Gram version passes the GPU tests (tests/test_policy_decode_norm.py).
   """
   m, d = x_ref.shape
+  sumsq = rms_eps is not None
 
   def body(t, carry):
     a1, a2, g = carry
@@ -72,7 +87,11 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, sumsq: bool = Fal
   zeros = jnp.zeros((m, cols), jnp.float32)
   gram = jnp.zeros((m, m) if sumsq else (1, 1), jnp.float32)
   a1, a2, gram = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros, gram))
-  if not sumsq:
+  if inv_rms_ref is not None:
+    r = inv_rms_ref[...]
+  elif sumsq:
+    eye = jnp.arange(m)[:, None] == jnp.arange(m)[None, :]
+    r = jax.lax.rsqrt(jnp.sum(jnp.where(eye, gram, 0.0), axis=1) / d + rms_eps)
+  else:
     return a1, a2
-  eye = jnp.arange(m)[:, None] == jnp.arange(m)[None, :]
-  return a1, a2, jnp.sum(jnp.where(eye, gram, 0.0), axis=1)
+  return a1 * r[:, None], a2 * r[:, None]
