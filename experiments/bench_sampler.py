@@ -270,7 +270,7 @@ def main(argv=None):
   p.add_argument("--decode-add-norm", default="xla", choices=("auto", "xla", "pallas"),
                  help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
   p.add_argument("--decode-norm", default="xla", choices=("xla", "fold", "inside"),
-                 help="ModelConfig.decode_norm (fold: the norms inside the q/k/v and SwiGLU kernels)")
+                 help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels)")
   p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
                  help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   p.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas"),

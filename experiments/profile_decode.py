@@ -144,7 +144,7 @@ def main():
   ap.add_argument("--decode-add-norm", default="xla", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
   ap.add_argument("--decode-norm", default="xla", choices=("xla", "fold", "inside"),
-                  help="ModelConfig.decode_norm (fold: the norms inside the q/k/v and SwiGLU kernels)")
+                  help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels)")
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   ap.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas", "interpret"),
