@@ -147,6 +147,8 @@ def main(argv=None) -> None:
   ap.add_argument("--shapes", default="0.5b,1.5b")
   ap.add_argument("--batches", default="64,256")
   ap.add_argument("--layers", type=int, default=16, help="weight sets per pass (16 x 17 MB > the 50 MB L2)")
+  ap.add_argument("--same-weights", action="store_true", help="every layer reads the first layer's weights, which "
+                  "stay in the L2 cache: the time a kernel would take if its weights were prefetched into L2")
   ap.add_argument("--reps", type=int, default=50)
   ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU), down (down projection), oproj "
                   "(the attention's o projection + residual)")
@@ -179,6 +181,8 @@ def main(argv=None) -> None:
         width, configs = d, a.oproj_configs
       else:
         raise SystemExit(f"--parts: unknown part {part!r} (front, down, oproj)")
+      if a.same_weights:
+        weights = tuple([w[0]] * a.layers for w in weights)
       weight_bytes = sum(w[0].size for w in weights) * 2
       for b in (int(s) for s in a.batches.split(",")):
         x = jnp.asarray(rng.standard_normal((b, width), np.float32), jnp.bfloat16)
@@ -193,7 +197,7 @@ def main(argv=None) -> None:
         run_rounds(rows, {"shape": shape, "part": part, "batch": b}, versions, a.rounds, max_rel_diff,
                    lambda fn, x=x, weights=weights: time_layers(fn, x, weights, a.reps), weight_bytes)
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "layers": a.layers, "reps": a.reps,
-         "rows": rows}
+         "same_weights": a.same_weights, "rows": rows}
   with open(os.path.join(a.out, "results.json"), "w", encoding="utf-8") as fh:
     json.dump(res, fh, indent=1)
   print_table(rows, ("shape", "part", "batch"))

@@ -101,6 +101,8 @@ def main(argv=None) -> None:
   ap.add_argument("--slots", type=int, default=2048, help="cache slots per row")
   ap.add_argument("--layers", type=int, default=24, help="weight and cache sets per pass (24: the 0.5B model)")
   ap.add_argument("--reps", type=int, default=50)
+  ap.add_argument("--same-weights", action="store_true", help="every layer reads the first layer's weights (not its "
+                  "cache), which stay in the L2 cache: the time with the weights prefetched into L2")
   ap.add_argument("--configs", default="64x16x4x5,64x16x4x3,32x16x4x3,16x16x4x3,64x32x4x3,64x16x2x3",
                   help="Pallas versions: block_m x block_w x num_warps x num_stages, comma-separated (the first: the "
                   "default)")
@@ -116,6 +118,8 @@ def main(argv=None) -> None:
     weights = tuple([arr(*s, scale=sc) for _ in range(a.layers)]
                     for s, sc in (((d, n, h), d ** -0.5), ((d, kh, h), d ** -0.5), ((d, kh, h), d ** -0.5),
                                   ((n, h), 1.0), ((kh, h), 1.0), ((kh, h), 1.0), ((d,), 0.1)))
+    if a.same_weights:
+      weights = tuple([w[0]] * a.layers for w in weights)
     weight_bytes = sum(w[0].size for w in weights[:3]) * 2
     for b in (int(s) for s in a.batches.split(",")):
       x = arr(b, d)
@@ -137,7 +141,7 @@ def main(argv=None) -> None:
 
       run_rounds(rows, {"shape": shape, "batch": b}, versions, a.rounds, max_rel_diff, time_us, weight_bytes)
   res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "layers": a.layers, "reps": a.reps,
-         "slots": a.slots, "rows": rows}
+         "slots": a.slots, "same_weights": a.same_weights, "rows": rows}
   with open(os.path.join(a.out, "results.json"), "w", encoding="utf-8") as fh:
     json.dump(res, fh, indent=1)
   print_table(rows, ("shape", "batch"))

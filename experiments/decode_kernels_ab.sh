@@ -34,6 +34,12 @@
 #   bash experiments/decode_kernels_ab.sh 5a    # part 5 with PART5A's variants: the attention's splits, balance and
 #                                               # stages end to end, on the twenty-eighth session's best options
 #                                               # (~8.5 min at AB_S=480)
+#   bash experiments/decode_kernels_ab.sh 5b    # part 5 with PART5B's variants: balanced splits by stages (~4 min
+#                                               # at AB_S=200)
+#   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down, SwiGLU front)
+#                                               # alone, their defaults, with every layer's own weights and with
+#                                               # the same weights (L2-resident): what prefetching weights into
+#                                               # L2 could gain (~2.5 min)
 #   bash experiments/decode_kernels_ab.sh h     # the fused LM head + draw (policy/decode_head.py): its GPU tests, then
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
@@ -91,6 +97,10 @@ inout="--decode-norm inside --decode-out pallas"
 PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_opts:num_splits=1,num_stages=4"
         "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
         "bal8s:$inout $attn_opts:balance=1,num_splits=8,num_stages=3")
+# PART5B: on an H100 (2026-12-05, thirtieth session) PART5A's one-split variants lost 0.3-16 % and 4 balanced splits
+# gained 1.0 %: balanced splits with deeper pipelines, and 2 balanced splits (half the merge's partials).
+PART5B=("inout:$inout" "bal:$inout $attn_opts:balance=1" "bal3:$inout $attn_opts:balance=1,num_stages=3"
+        "bal4:$inout $attn_opts:balance=1,num_stages=4" "two4:$inout $attn_opts:balance=1,num_splits=2,num_stages=4")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -109,7 +119,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q h 5a n 2 2n 3 3b 5 4a 4 (see the" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h 5a 5b n 2 2n 3 3b 5 4a 4 (see the" \
        "header)" >&2
   exit 2
 }
@@ -147,6 +157,15 @@ tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
+    l2) for same in "" " --same-weights"; do
+          tag=${same:+_l2}
+          stages+=("qkv$tag=60=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs \
+${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 \
+--parts front,down,oproj --configs ${front%%,*} --down-configs ${down%%,*} --oproj-configs 16x128x4x3$same \
+--out \$OUT/mlp$tag")
+        done ;;
+    5b) ab_stages "$bench" "${PART5B[@]}"
+        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     5a) ab_stages "$bench" "${PART5A[@]}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
