@@ -39,7 +39,8 @@
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down, SwiGLU front)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): what prefetching weights into
-#                                               # L2 could gain (~2.5 min)
+#                                               # L2 could gain; then the front + down pair with the front's
+#                                               # extra programs prefetching the down weights (~3.5 min)
 #   bash experiments/decode_kernels_ab.sh h     # the fused LM head + draw (policy/decode_head.py): its GPU tests, then
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
@@ -163,7 +164,9 @@ tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
 ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 \
 --parts front,down,oproj --configs ${front%%,*} --down-configs ${down%%,*} --oproj-configs 16x128x4x3$same \
 --out \$OUT/mlp$tag")
-        done ;;
+        done
+        stages+=("pair=90=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts pair \
+--out \$OUT/pair") ;;
     5b) ab_stages "$bench" "${PART5B[@]}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     5a) ab_stages "$bench" "${PART5A[@]}"

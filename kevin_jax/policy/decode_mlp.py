@@ -49,26 +49,53 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None):
-  """refs: [1/rms if scaled], w_gate, w_up, out. rms_eps: the kernel computes 1/rms itself."""
+def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None, prefetch: tuple[int, int, int]):
+  """refs: [1/rms if scaled], w_gate, w_up, [the array to prefetch], out, [the prefetch's sink]. rms_eps: the kernel
+  computes 1/rms itself. prefetch: (column programs, prefetch programs, rows per load), or all 0."""
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
-  wg_ref, wu_ref, o_ref = refs
-  g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d,
-                               r_ref, rms_eps)
-  o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
+  n_cols, n_pf, chunk = prefetch
+  if n_pf:
+    wg_ref, wu_ref, pf_ref, o_ref, sink_ref = refs
+  else:
+    wg_ref, wu_ref, o_ref = refs
+
+  def front():
+    g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1],
+                                 block_d, r_ref, rms_eps)
+    o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
+
+  if not n_pf:
+    front()
+    return
+  j = pl.program_id(1)
+  pl.when(j < n_cols)(front)
+
+  @pl.when((j >= n_cols) & (pl.program_id(0) == 0))
+  def _():
+    sink_ref[...] = jnp.full(sink_ref.shape, decode_tiles.prefetch_rows(pf_ref, j - n_cols, n_pf, chunk))
+
+
+PREFETCH_WIDTH = 128  # An array to prefetch is read as [size / PREFETCH_WIDTH, PREFETCH_WIDTH] ...
+PREFETCH_CHUNK = 64  # ... PREFETCH_CHUNK rows (16 KB of bf16) per load.
 
 
 @functools.partial(jax.jit, static_argnames=("rms_eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "prefetch_programs", "interpret"))
 def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Array | None = None, *,
                  rms_eps: float | None = None, block_n: int = BLOCK_N, block_d: int = BLOCK_D,
-                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
+                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, prefetch: Array | None = None,
+                 prefetch_programs: int = 0, interpret: bool = False) -> Array:
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
   With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
   (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
-  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU."""
+  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU.
+
+  prefetch (e.g. the down projection's weights, which the next kernel reads) with prefetch_programs > 0: up to that
+  many more programs load it, with the L2 eviction policy evict_last, while the column programs run (at 64 rows
+  the 0.5B shape has F / 64 = 76 column programs for 132 SMs), so that the next kernel finds it in the L2 cache.
+  Its size must be a multiple of PREFETCH_WIDTH * PREFETCH_CHUNK. The result does not depend on it."""
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -80,22 +107,33 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
-  out = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps),
-      grid=(mp // bm, f // block_n),
+  n_cols, n_pf, pf = f // block_n, 0, []
+  if prefetch is not None and prefetch_programs > 0:
+    if prefetch.size % (PREFETCH_WIDTH * PREFETCH_CHUNK):
+      raise ValueError(f"prefetch's size ({prefetch.size}) must be a multiple of {PREFETCH_WIDTH * PREFETCH_CHUNK}")
+    pf = [prefetch.reshape(-1, PREFETCH_WIDTH)]
+    n_pf = decode_tiles.prefetch_split(pf[0].shape[0], prefetch_programs, PREFETCH_CHUNK)
+  col = lambda j: jnp.minimum(j, n_cols - 1)  # prefetch programs (j >= n_cols) map to the last column block
+  outs = pl.pallas_call(
+      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps,
+                        prefetch=(n_cols, n_pf, PREFETCH_CHUNK)),
+      grid=(mp // bm, n_cols + n_pf),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
           *[pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled,
-          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
-          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, col(j))),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, col(j))),
+          *[pl.BlockSpec(a.shape, lambda i, j: (0, 0)) for a in pf],
       ],
-      out_specs=pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
-      out_shape=jax.ShapeDtypeStruct((mp, f), x_BxD.dtype),
+      out_specs=[pl.BlockSpec((bm, block_n), lambda i, j: (i, col(j))),
+                 *[pl.BlockSpec((None, None, 16), lambda i, j: (i, j, 0))] * bool(n_pf)],
+      out_shape=[jax.ShapeDtypeStruct((mp, f), x_BxD.dtype),
+                 *[jax.ShapeDtypeStruct((mp // bm, n_cols + n_pf, 16), jnp.float32)] * bool(n_pf)],
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_swiglu",
-  )(x, *r, w_gate_DxF, w_up_DxF)
-  return out[:b]
+  )(x, *r, w_gate_DxF, w_up_DxF, *pf)
+  return outs[0][:b]
 
 
 # --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (ModelConfig.decode_down). ---
