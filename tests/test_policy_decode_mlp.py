@@ -1,6 +1,8 @@
 """The decode MLP kernels (policy/decode_mlp.py: the fused SwiGLU front, the split down projection) against the jnp
 expression: in interpret mode on the CPU, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from kevin_jax.policy import get_preset
 from kevin_jax.policy.decode_mlp import (DOWN_SPLITS, down_partials, down_proj, pick_block, pick_splits,
                                         resolve_splits, supported, swiglu_front)
+from kevin_jax.policy.decode_tiles import prefetch_split
 from tests.test_common import assert_sampler_same_with_kernel
 
 
@@ -51,6 +54,50 @@ def test_front_lowers_to_triton():
   text = jax.jit(swiglu_front).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
   assert len(call) == 1 and call[0].count("tensor<896x4864xbf16>") == 2
+
+
+def test_prefetch_leaves_the_front_unchanged():
+  """With prefetch programs (they load the down weights for L2, decode_mlp.PREFETCH_PROGRAMS) the front's output is
+  bit-for-bit the one without; the size rule is checked."""
+  x, wg, wu = _case(64, 256, 512, jnp.float32)
+  wd = jnp.asarray(np.random.default_rng(1).standard_normal((512, 256)), jnp.float32)  # 1,024 rows of 128: 16 loads
+  want = np.asarray(swiglu_front(x, wg, wu, interpret=True))
+  got = np.asarray(swiglu_front(x, wg, wu, prefetch=wd, prefetch_programs=8, interpret=True))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(got, _reference(x, wg, wu), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="prefetch's size"):
+    swiglu_front(x, wg, wu, prefetch=wd[:100], prefetch_programs=8, interpret=True)
+
+
+def test_prefetch_programs_in_the_triton_call():
+  """At the 0.5B shape (64 rows) the front has F / 64 = 76 column programs; 56 more asked for the down weights'
+  532 loads of 64 x 128 get 38 (the most <= 56 dividing 532), each 14 loads: the sink output has 76 + 38 slots."""
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  fn = lambda x, g, u, d: swiglu_front(x, g, u, prefetch=d, prefetch_programs=56)
+  text = jax.jit(fn).trace(spec(64, 896), spec(896, 4864), spec(896, 4864), spec(4864, 896)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+  assert len(call) == 1 and "tensor<34048x128xbf16>" in call[0] and "tensor<1x114x16xf32>" in call[0]
+  assert [prefetch_split(*a) for a in ((34048, 56, 64), (34048, 0, 64), (100, 8, 64), (512, 3, 64))] == [38, 0, 0, 2]
+
+
+def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
+  """Greedy decoding with the front's prefetch of the down weights on (64-wide loads of 16 rows so that the tiny
+  model's 192 x 64 weights qualify): the same tokens and log-probs as XLA, and the prefetch ran."""
+  from kevin_jax.policy import decode_mlp  # pylint: disable=g-import-not-at-top
+  calls, front = [], decode_mlp.swiglu_front
+  def spy(*args, **kw):
+    calls.append(kw.get("prefetch") is not None)
+    return front(*args, **kw)
+  monkeypatch.setattr(decode_mlp, "PREFETCH_WIDTH", 64)
+  monkeypatch.setattr(decode_mlp, "PREFETCH_CHUNK", 16)
+  monkeypatch.setattr(decode_mlp, "swiglu_front", functools.partial(spy, prefetch_programs=4))
+  jax.clear_caches()  # a decode loop compiled earlier with the same config would skip the patched kernel
+  try:
+    assert_sampler_same_with_kernel(("decode_mlp", "decode_down"), max_new_tokens=20)
+  finally:
+    jax.clear_caches()
+  assert True in calls
 
 
 def test_shape_rules():

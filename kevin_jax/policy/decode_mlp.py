@@ -78,6 +78,12 @@ def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None, pre
 
 PREFETCH_WIDTH = 128  # An array to prefetch is read as [size / PREFETCH_WIDTH, PREFETCH_WIDTH] ...
 PREFETCH_CHUNK = 64  # ... PREFETCH_CHUNK rows (16 KB of bf16) per load.
+PREFETCH_PROGRAMS = 0  # swiglu_front's prefetch programs by default (0: none; not yet measured on a GPU).
+
+
+def can_prefetch(a: Array) -> bool:
+  """Whether swiglu_front can prefetch the array `a` (its size a multiple of PREFETCH_WIDTH * PREFETCH_CHUNK)."""
+  return a.size % (PREFETCH_WIDTH * PREFETCH_CHUNK) == 0
 
 
 @functools.partial(jax.jit, static_argnames=("rms_eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
@@ -85,7 +91,7 @@ PREFETCH_CHUNK = 64  # ... PREFETCH_CHUNK rows (16 KB of bf16) per load.
 def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Array | None = None, *,
                  rms_eps: float | None = None, block_n: int = BLOCK_N, block_d: int = BLOCK_D,
                  block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, prefetch: Array | None = None,
-                 prefetch_programs: int = 0, interpret: bool = False) -> Array:
+                 prefetch_programs: int = PREFETCH_PROGRAMS, interpret: bool = False) -> Array:
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
   With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
@@ -109,7 +115,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
   n_cols, n_pf, pf = f // block_n, 0, []
   if prefetch is not None and prefetch_programs > 0:
-    if prefetch.size % (PREFETCH_WIDTH * PREFETCH_CHUNK):
+    if not can_prefetch(prefetch):
       raise ValueError(f"prefetch's size ({prefetch.size}) must be a multiple of {PREFETCH_WIDTH * PREFETCH_CHUNK}")
     pf = [prefetch.reshape(-1, PREFETCH_WIDTH)]
     n_pf = decode_tiles.prefetch_split(pf[0].shape[0], prefetch_programs, PREFETCH_CHUNK)

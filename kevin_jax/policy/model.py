@@ -408,29 +408,32 @@ class MLP(nnx.Module):
     return (_resolve(cfg.decode_mlp, fits),
             _resolve(cfg.decode_down, fits and cfg.hidden_size <= decode_mlp.AUTO_DOWN_MAX_D))
 
-  def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
-    """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
+  def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str, wd: Array | None = None) -> Array:
+    """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype. wd: the down projection's weights,
+    which the front's kernel may prefetch into L2 for the down kernel after it (decode_mlp.PREFETCH_PROGRAMS)."""
     dt = self.cfg.compute_jnp_dtype
+    pf = {"prefetch": wd} if wd is not None and decode_mlp.can_prefetch(wd) else {}
     if front != "xla" and self.cfg.decode_norm != "xla":
       # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
       wg, wu = (norm.fold(k[...], dt) for k in (self.gate_kernel, self.up_kernel))
       x_BxD = x_BxTxD[:, 0]
       inv_rms, eps = _decode_norm_args(self.cfg, norm, x_BxD)
       return decode_mlp.swiglu_front(x_BxD.astype(dt), wg, wu, inv_rms, rms_eps=eps,
-                                     interpret=front == "interpret")[:, None]
+                                     interpret=front == "interpret", **pf)[:, None]
     wg, wu = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel))
     if front == "xla":
       x = norm(x_BxTxD).astype(dt)
       return jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
-    return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
+    return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret",
+                                   **pf)[:, None]
 
   def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
     """The MLP of norm(x), x the residual stream."""
     b, t, _ = x_BxTxD.shape
     # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
     front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
-    h_BxTxF = self._front(x_BxTxD, norm, front)
     wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
+    h_BxTxF = self._front(x_BxTxD, norm, front, wd if down != "xla" else None)
     if down == "xla":
       return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
     return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
@@ -439,8 +442,8 @@ class MLP(nnx.Module):
     """A decode step's MLP of norm(x) ([B, D] rows) as terms to sum: decode_mlp.down_partials' fp32 [S, R >= B, D]
     with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y)."""
     front, down = self._decode_impls(x_BxD.shape[0])
-    h_BxF = self._front(x_BxD[:, None], norm, front)[:, 0]
     wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
+    h_BxF = self._front(x_BxD[:, None], norm, front, wd if down != "xla" else None)[:, 0]
     if down == "xla":
       return jnp.einsum("bf,fd->bd", h_BxF, wd)[None]
     return decode_mlp.down_partials(h_BxF, wd, interpret=down == "interpret")
