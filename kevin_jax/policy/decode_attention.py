@@ -13,14 +13,19 @@ and accumulator) and writes its partial (acc, max, sum); a small XLA epilogue me
 Splitting S gives enough programs to fill the GPU at small batch; a split with nothing visible writes an empty
 partial that the merge weighs by zero. With `balance=True` the splits share the row's visible blocks instead (each
 an equal run of them, prompt blocks first): with fixed ranges, while the generated part is short, the splits over
-the prompt read whole ranges and those past it little or nothing. Not yet measured on a GPU, so off by default
-(BALANCE); experiments/bench_decode_attention.py times both (experiments/decode_kernels_ab.sh part 1).
+the prompt read whole ranges and those past it little or nothing. On an H100 (thirtieth session, one call, 0.5B,
+B = 64, with decode_norm='inside' and decode_out='pallas') bench_sampler ran 43,292 against 42,874 decode tok/s
+(+1.0 %, two runs each); not yet measured on an H200, so off by default (BALANCE). 8 balanced splits with 3
+stages ran 41,181 (-3.9 %).
 
 With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
 cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
 `padded=True` it returns decode_qkv's padded [B, K, G_pad, H] rows as written, which decode_oproj's `groups` reads
-without a slice before it. Not yet measured on a GPU (experiments/decode_kernels_ab.sh part 5a); the default keeps
-_num_splits' choice (4 splits at B = 64 with 2,048 slots).
+without a slice before it. Its GPU tests pass (H100), but end to end it was slower in the same H100 call: 36,105
+decode tok/s with 2 stages, 42,766 with 4 and 42,110 with 128-slot blocks and 3 stages, against 42,874 with 4 splits
+(BENCHMARKS.md "Sampler", thirtieth session): 128 programs that each walk up to 32 blocks in turn do not hide the
+loads' latency, and the merge fusion it saves costs less. The default keeps _num_splits' choice (4 splits at B = 64
+with 2,048 slots).
 
 The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions over the split axis, which XLA
 runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third

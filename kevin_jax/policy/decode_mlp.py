@@ -15,6 +15,15 @@ Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
+Prefetch (`prefetch=`, off by default: PREFETCH_PROGRAMS = 0): at 64 rows the 0.5B shape gives the front F / 64 = 76
+column programs for 132 SMs, and the down kernel right after it reads its 8.7 MB of weights at ~1.5 TB/s (6 us per
+layer in the twenty-third session's profile; latency-bound with 56 programs). With prefetch_programs > 0 the front
+gets that many more programs (at most; decode_tiles.prefetch_split), which load the down weights with the L2
+eviction policy evict_last while the column programs run, so that the down kernel may find them in the 50 MB L2
+cache. The model passes its down weights whenever both kernels run. Not yet measured on a GPU:
+experiments/decode_kernels_ab.sh part l2 times the down kernel with its weights L2-resident (`--same-weights`) and
+the front + down pair with and without the prefetch, and part 5b runs it end to end.
+
 `down_proj`, the MLP's down projection split along F: ModelConfig.decode_down='auto' (the default) uses it on a GPU
 up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D. On an H200 it beat XLA's einsum at 64 rows on the 0.5B shape
 (alone 8.9 against 10.6 µs per layer; decode +5 %) but not at 256 rows, and on the 1.5B shape it tied XLA at best
