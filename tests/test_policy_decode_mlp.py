@@ -84,20 +84,23 @@ def test_prefetch_programs_in_the_triton_call():
 def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
   """Greedy decoding with the front's prefetch of the down weights on (64-wide loads of 16 rows so that the tiny
   model's 192 x 64 weights qualify): the same tokens and log-probs as XLA, and the prefetch ran."""
-  from kevin_jax.policy import decode_mlp  # pylint: disable=g-import-not-at-top
-  calls, front = [], decode_mlp.swiglu_front
-  def spy(*args, **kw):
-    calls.append(kw.get("prefetch") is not None)
-    return front(*args, **kw)
+  from kevin_jax.policy import decode_mlp, decode_tiles  # pylint: disable=g-import-not-at-top
+  programs, prefetch_rows = [], decode_tiles.prefetch_rows
+
+  def spy(ref, p, n, chunk):  # traced once per kernel: records the prefetch programs' count
+    programs.append(n)
+    return prefetch_rows(ref, p, n, chunk)
+
   monkeypatch.setattr(decode_mlp, "PREFETCH_WIDTH", 64)
   monkeypatch.setattr(decode_mlp, "PREFETCH_CHUNK", 16)
-  monkeypatch.setattr(decode_mlp, "swiglu_front", functools.partial(spy, prefetch_programs=4))
+  monkeypatch.setattr(decode_tiles, "prefetch_rows", spy)
+  monkeypatch.setattr(decode_mlp, "swiglu_front", functools.partial(decode_mlp.swiglu_front, prefetch_programs=4))
   jax.clear_caches()  # a decode loop compiled earlier with the same config would skip the patched kernel
   try:
     assert_sampler_same_with_kernel(("decode_mlp", "decode_down"), max_new_tokens=20)
   finally:
     jax.clear_caches()
-  assert True in calls
+  assert programs and set(programs) == {4}  # 192 x 64 weights: 12 loads of 16 x 64 rows, 3 per program
 
 
 def test_shape_rules():
