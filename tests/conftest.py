@@ -45,3 +45,15 @@ def cpu_devices8():
   if len(devices) < 8:
     pytest.fail(f"expected 8 fake CPU devices, got {len(devices)}: XLA_FLAGS was set too late")
   return devices[:8]
+
+
+@pytest.fixture
+def fresh_jit_caches():
+  """JAX's compilation caches cleared before and after the test. For tests that monkeypatch a decode kernel: the
+  sampler's jitted decode loop is cached by its config, so a loop that an earlier test compiled with the same config
+  (and the unpatched kernel) would be reused and the patched kernel never run, and a later test must not get this
+  test's loop either."""
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.clear_caches()
+  yield
+  jax.clear_caches()

@@ -81,6 +81,7 @@ def test_prefetch_programs_in_the_triton_call():
   assert [prefetch_split(*a) for a in ((34048, 56, 64), (34048, 0, 64), (100, 8, 64), (512, 3, 64))] == [38, 0, 0, 2]
 
 
+@pytest.mark.usefixtures("fresh_jit_caches")
 def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
   """Greedy decoding with the front's prefetch of the down weights on (64-wide loads of 16 rows so that the tiny
   model's 192 x 64 weights qualify): the same tokens and log-probs as XLA, and the prefetch ran."""
@@ -95,11 +96,7 @@ def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
   monkeypatch.setattr(decode_mlp, "PREFETCH_CHUNK", 16)
   monkeypatch.setattr(decode_tiles, "prefetch_rows", spy)
   monkeypatch.setattr(decode_mlp, "swiglu_front", functools.partial(decode_mlp.swiglu_front, prefetch_programs=4))
-  jax.clear_caches()  # a decode loop compiled earlier with the same config would skip the patched kernel
-  try:
-    assert_sampler_same_with_kernel(("decode_mlp", "decode_down"), max_new_tokens=20)
-  finally:
-    jax.clear_caches()
+  assert_sampler_same_with_kernel(("decode_mlp", "decode_down"), max_new_tokens=20)
   assert programs and set(programs) == {4}  # 192 x 64 weights: 12 loads of 16 x 64 rows, 3 per program
 
 

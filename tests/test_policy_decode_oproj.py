@@ -100,6 +100,7 @@ def test_sampler_same_tokens_with_every_decode_kernel():
                                   max_new_tokens=20, batch_size=16, head_dim=32)
 
 
+@pytest.mark.usefixtures("fresh_jit_caches")
 def test_sampler_same_tokens_with_one_split_attention(monkeypatch):
   """Every decode kernel (interpret) with the attention in one split: it returns its padded output as written and
   the o projection kernel reads that layout (the path the other sampler tests, with 2 splits, do not take)."""
@@ -111,14 +112,8 @@ def test_sampler_same_tokens_with_one_split_attention(monkeypatch):
     return kernel(*args, num_splits=1, **kw)
 
   monkeypatch.setattr(attn_lib, "decode_attention", one_split)
-  # The sampler's jitted decode loop is cached by config: the test before this one compiled the same config with
-  # the unpatched kernel, and a later one must not get this one's.
-  jax.clear_caches()
-  try:
-    assert_sampler_same_with_kernel(("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out"),
-                                    max_new_tokens=20, batch_size=16, head_dim=32)
-  finally:
-    jax.clear_caches()
+  assert_sampler_same_with_kernel(("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out"),
+                                  max_new_tokens=20, batch_size=16, head_dim=32)
   assert True in calls  # the padded path ran (the 'interpret' pass)
 
 

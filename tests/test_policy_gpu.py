@@ -142,8 +142,7 @@ def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, request, dtype, fie
   if field == "decode_out":
     from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
     monkeypatch.setattr(attn_lib, "decode_attention", functools.partial(attn_lib.decode_attention, num_splits=1))
-    jax.clear_caches()  # no decode loop compiled with the unpatched kernel is reused
-    request.addfinalizer(jax.clear_caches)  # nor is this one's by later tests
+    request.getfixturevalue("fresh_jit_caches")  # no decode loop compiled with the unpatched kernel is reused
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
   prompts = [list(np.random.RandomState(n).randint(0, 512, n)) for n in range(3, 19)]
   outs = {}
