@@ -126,9 +126,14 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   if prefetch is not None and prefetch_programs > 0:
     if not can_prefetch(prefetch):
       raise ValueError(f"prefetch's size ({prefetch.size}) must be a multiple of {PREFETCH_WIDTH * PREFETCH_CHUNK}")
-    pf = [prefetch.reshape(-1, PREFETCH_WIDTH)]
+    pf = [prefetch.reshape(-1, PREFETCH_WIDTH)]  # >= 1 whole load of PREFETCH_CHUNK rows: n_pf >= 1
     n_pf = decode_tiles.prefetch_split(pf[0].shape[0], prefetch_programs, PREFETCH_CHUNK)
   col = lambda j: jnp.minimum(j, n_cols - 1)  # prefetch programs (j >= n_cols) map to the last column block
+  pf_specs, sink_specs, sink_shapes = [], [], []
+  if pf:  # the array whole, and each program's 16-float slot for its loads' max
+    pf_specs = [pl.BlockSpec(pf[0].shape, lambda i, j: (0, 0))]
+    sink_specs = [pl.BlockSpec((None, None, 16), lambda i, j: (i, j, 0))]
+    sink_shapes = [jax.ShapeDtypeStruct((mp // bm, n_cols + n_pf, 16), jnp.float32)]
   outs = pl.pallas_call(
       functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps,
                         prefetch=(n_cols, n_pf, PREFETCH_CHUNK)),
@@ -138,12 +143,10 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
           *[pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled,
           pl.BlockSpec((d, block_n), lambda i, j: (0, col(j))),
           pl.BlockSpec((d, block_n), lambda i, j: (0, col(j))),
-          *[pl.BlockSpec(a.shape, lambda i, j: (0, 0)) for a in pf],
+          *pf_specs,
       ],
-      out_specs=[pl.BlockSpec((bm, block_n), lambda i, j: (i, col(j))),
-                 *[pl.BlockSpec((None, None, 16), lambda i, j: (i, j, 0))] * bool(n_pf)],
-      out_shape=[jax.ShapeDtypeStruct((mp, f), x_BxD.dtype),
-                 *[jax.ShapeDtypeStruct((mp // bm, n_cols + n_pf, 16), jnp.float32)] * bool(n_pf)],
+      out_specs=[pl.BlockSpec((bm, block_n), lambda i, j: (i, col(j))), *sink_specs],
+      out_shape=[jax.ShapeDtypeStruct((mp, f), x_BxD.dtype), *sink_shapes],
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_swiglu",
