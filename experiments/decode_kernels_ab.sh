@@ -34,8 +34,8 @@
 #   bash experiments/decode_kernels_ab.sh 5a    # part 5 with PART5A's variants: the attention's splits, balance and
 #                                               # stages end to end, on the twenty-eighth session's best options
 #                                               # (~8.5 min at AB_S=480)
-#   bash experiments/decode_kernels_ab.sh 5b    # part 5 with PART5B's variants: balanced splits, 4 stages, the
-#                                               # front's prefetch (~4.5 min at AB_S=300)
+#   bash experiments/decode_kernels_ab.sh 5b    # part 5 with PART5B's variants: balanced splits, the front's
+#                                               # and the down kernel's prefetches (~4.5 min at AB_S=300)
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): what prefetching weights into
@@ -99,10 +99,13 @@ PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_
         "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
         "bal8s:$inout $attn_opts:balance=1,num_splits=8,num_stages=3")
 # PART5B: on an H100 (2026-12-05, thirtieth session) PART5A's one-split variants lost 0.3-16 % and 4 balanced splits
-# gained 1.0 %: balanced splits with 4 stages; the SwiGLU front's prefetch of the down weights (part l2's pair).
+# gained 1.0 %: balanced splits; the SwiGLU front's prefetch of the down weights (part l2's pair); the down
+# kernel's prefetch of the next layer's q/k/v weights; all three.
 pf="decode_mlp.swiglu_front:prefetch_programs=56"  # the front's idle SMs prefetch the down weights into L2
-PART5B=("inout:$inout" "bal:$inout $attn_opts:balance=1" "bal4:$inout $attn_opts:balance=1,num_stages=4"
-        "pf:$inout --kernel-opts $pf" "balpf:$inout --kernel-opts 'decode_attention.decode_attention:balance=1;$pf'")
+pfq="decode_mlp.down_partials:prefetch_programs=76"  # the down kernel's idle SMs: the next layer's q/k/v weights
+PART5B=("inout:$inout" "bal:$inout $attn_opts:balance=1" "pf:$inout --kernel-opts $pf"
+        "pfq:$inout --kernel-opts $pfq"
+        "all:$inout --kernel-opts 'decode_attention.decode_attention:balance=1;$pf;$pfq'")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...

@@ -100,6 +100,58 @@ def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
   assert programs and set(programs) == {4}  # 192 x 64 weights: 12 loads of 16 x 64 rows, 3 per program
 
 
+def test_down_prefetch_leaves_the_partials_unchanged():
+  """With prefetch programs (they load other arrays, e.g. the next layer's q/k/v weights, for L2) the down kernel's
+  partials are bit-for-bit the ones without, for program counts that share the loads evenly or not; the size rule
+  is checked."""
+  h, w = _down_case(64, 512, 128, jnp.float32)
+  rng = np.random.default_rng(2)
+  q, k = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((256, 4, 32), (256, 1, 32)))  # 4 and 1 loads
+  want = np.asarray(down_partials(h, w, splits=4, interpret=True))
+  for programs in (4, 6, 12):  # 1, 1 and 3 more column blocks of 4 splits
+    got = np.asarray(down_partials(h, w, splits=4, prefetch=(q, k, k), prefetch_programs=programs, interpret=True))
+    np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(want.sum(0), np.asarray(h, np.float64) @ np.asarray(w, np.float64), rtol=1e-5,
+                             atol=1e-4)
+  with pytest.raises(ValueError, match="prefetch's sizes"):
+    down_partials(h, w, splits=4, prefetch=(q, k[:100]), prefetch_programs=4, interpret=True)
+
+
+def test_down_prefetch_programs_in_the_triton_call():
+  """At the 0.5B shape (64 rows) the down kernel has D / 64 = 14 column blocks x 4 splits; 76 more programs asked
+  for the next layer's q/k/v weights get 19 more column blocks of 4 splits: the sink output has 14 + 19 columns."""
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  fn = lambda h, w, q, k, v: down_partials(h, w, prefetch=(q, k, v), prefetch_programs=76)
+  text = jax.jit(fn).trace(spec(64, 4864), spec(4864, 896), spec(896, 14, 64), spec(896, 2, 64),
+                           spec(896, 2, 64)).lower(lowering_platforms=("cuda",)).as_text()
+  call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+  assert len(call) == 1 and "tensor<6272x128xbf16>" in call[0] and "tensor<1x33x4x16xf32>" in call[0]
+  assert call[0].count("tensor<896x128xbf16>") == 2
+
+
+@pytest.mark.usefixtures("fresh_jit_caches")
+def test_sampler_same_tokens_with_the_down_prefetch(monkeypatch):
+  """Greedy decoding with the down kernel's prefetch of the next layer's q/k/v weights on (64-wide loads of 16 rows
+  so that the tiny model's 64 x 4 x 32 and 64 x 2 x 32 weights qualify; 16 rows and 32-wide heads for the q/k/v
+  kernel): the same tokens and log-probs as XLA, and the prefetch ran with the three arrays (F = 192 in 3 splits:
+  8 programs asked for give 2 more column blocks of 3)."""
+  from kevin_jax.policy import decode_mlp, decode_tiles  # pylint: disable=g-import-not-at-top
+  calls, prefetch_strided = [], decode_tiles.prefetch_strided
+
+  def spy(refs, p, n, chunk):  # traced once per kernel: records the arrays' count and the programs
+    calls.append((len(refs), n))
+    return prefetch_strided(refs, p, n, chunk)
+
+  monkeypatch.setattr(decode_mlp, "PREFETCH_WIDTH", 64)
+  monkeypatch.setattr(decode_mlp, "PREFETCH_CHUNK", 16)
+  monkeypatch.setattr(decode_tiles, "prefetch_strided", spy)
+  monkeypatch.setattr(decode_mlp, "down_partials", functools.partial(decode_mlp.down_partials, prefetch_programs=8))
+  assert_sampler_same_with_kernel(("decode_mlp", "decode_down", "decode_qkv"), max_new_tokens=20, batch_size=16,
+                                  head_dim=32)
+  splits = decode_mlp.resolve_splits(None, get_preset("tiny").intermediate_size, 1, 64)
+  assert calls and set(calls) == {(3, max(1, 8 // splits) * splits)}
+
+
 def test_shape_rules():
   assert [pick_block(d, 128) for d in (896, 1536, 64, 48, 40, 8)] == [128, 128, 64, 16, 0, 0]
   assert [pick_block(f, 32) for f in (4864, 8960, 96, 48, 40)] == [32, 32, 32, 16, 0]

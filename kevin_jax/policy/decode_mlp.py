@@ -189,29 +189,56 @@ def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUN
   return next((s for s in divisors if n_blocks * s >= min_programs), divisors[-1])
 
 
-def _down_kernel(h_ref, w_ref, o_ref, *, block_k: int):
-  o_ref[...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
+def _down_kernel(h_ref, w_ref, *refs, block_k: int, prefetch: tuple[int, int, int, int]):
+  """refs: [the arrays to prefetch], out, [the prefetch's sink]. prefetch: (column blocks, splits, prefetch
+  programs, arrays to prefetch), or all 0."""
+  n_blocks, splits, n_pf, n_arrays = prefetch
+  if not n_pf:
+    refs[0][...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
+    return
+  pf_refs, o_ref, sink_ref = refs[:n_arrays], refs[n_arrays], refs[n_arrays + 1]
+  i, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)  # read here: interpret mode lowers no program_id
+  p = (j - n_blocks) * splits + s                                   # inside a pl.when
+
+  @pl.when(j < n_blocks)
+  def _():
+    o_ref[...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
+
+  @pl.when((j >= n_blocks) & (i == 0))
+  def _():
+    sink_ref[...] = jnp.full(sink_ref.shape, decode_tiles.prefetch_strided(pf_refs, p, n_pf, PREFETCH_CHUNK))
+
+
+DOWN_PREFETCH_PROGRAMS = 0  # down_partials' prefetch programs by default (0: none; not yet measured on a GPU).
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
                                              "interpret"))
 def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64, block_k: int = 64,
               block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
-              interpret: bool = False) -> Array:
+              prefetch: tuple[Array, ...] = (), interpret: bool = False) -> Array:
   """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (resolve_splits) into fp32 partials
-  summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D)."""
+  summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D). prefetch: as
+  down_partials' (its prefetch_programs default, DOWN_PREFETCH_PROGRAMS, decides whether any program loads it)."""
   partials = down_partials(h_BxF, w_down_FxD, splits=splits, block_n=block_n, block_k=block_k, block_m=block_m,
-                           num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+                           num_warps=num_warps, num_stages=num_stages, prefetch=prefetch, interpret=interpret)
   return partials.sum(0)[:h_BxF.shape[0]].astype(h_BxF.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "prefetch_programs", "interpret"))
 def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64,
                   block_k: int = 64, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
+                  prefetch: tuple[Array, ...] = (), prefetch_programs: int = DOWN_PREFETCH_PROGRAMS,
                   interpret: bool = False) -> Array:
   """down_proj's fp32 partials before XLA's sum: [splits, R, D], R >= B the rows padded to the kernel's row tiles
-  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
+  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm.
+
+  prefetch (e.g. the next layer's q/k/v weights, which the kernel after the residual add reads) with
+  prefetch_programs > 0: about that many more programs (a multiple of `splits`, at least one per split) load it,
+  with the L2 eviction policy evict_last, while the column programs run (at 64 rows the 0.5B shape has 56 column
+  programs for 132 SMs; decode_tiles.prefetch_strided). Each array's size must be a multiple of PREFETCH_WIDTH *
+  PREFETCH_CHUNK (can_prefetch). The result does not depend on it."""
   b, f = h_BxF.shape
   d = w_down_FxD.shape[1]
   if w_down_FxD.shape[0] != f:
@@ -225,16 +252,31 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None,
   ks = f // splits
   mp, bm = decode_tiles.row_tiles(b, block_m)
   h = decode_tiles.pad_rows(h_BxF.astype(w_down_FxD.dtype), mp)
-  return pl.pallas_call(
-      functools.partial(_down_kernel, block_k=block_k),
-      grid=(mp // bm, d // block_n, splits),
+  n_blocks, pf_cols, pf = d // block_n, 0, []
+  if prefetch and prefetch_programs > 0:
+    bad = [a.shape for a in prefetch if not can_prefetch(a)]
+    if bad:
+      raise ValueError(f"prefetch's sizes must be multiples of {PREFETCH_WIDTH * PREFETCH_CHUNK}, got shapes {bad}")
+    pf = [a.reshape(-1, PREFETCH_WIDTH) for a in prefetch]
+    pf_cols = max(1, prefetch_programs // splits)  # more column blocks; each of their (column, split) programs
+                                                   # prefetches: pf_cols * splits programs
+  col = lambda j: jnp.minimum(j, n_blocks - 1)  # prefetch programs (j >= n_blocks) map to the last column block
+  sink_specs, sink_shapes = [], []
+  if pf:  # each prefetch program's 16-float slot for its loads' max
+    sink_specs = [pl.BlockSpec((None, None, None, 16), lambda i, j, s: (i, j, s, 0))]
+    sink_shapes = [jax.ShapeDtypeStruct((mp // bm, n_blocks + pf_cols, splits, 16), jnp.float32)]
+  outs = pl.pallas_call(
+      functools.partial(_down_kernel, block_k=block_k, prefetch=(n_blocks, splits, pf_cols * splits, len(pf))),
+      grid=(mp // bm, n_blocks + pf_cols, splits),
       in_specs=[
           pl.BlockSpec((bm, ks), lambda i, j, s: (i, s)),
-          pl.BlockSpec((ks, block_n), lambda i, j, s: (s, j)),
+          pl.BlockSpec((ks, block_n), lambda i, j, s: (s, col(j))),
+          *[pl.BlockSpec(a.shape, lambda i, j, s: (0, 0)) for a in pf],
       ],
-      out_specs=pl.BlockSpec((None, bm, block_n), lambda i, j, s: (s, i, j)),
-      out_shape=jax.ShapeDtypeStruct((splits, mp, d), jnp.float32),
+      out_specs=[pl.BlockSpec((None, bm, block_n), lambda i, j, s: (s, i, col(j))), *sink_specs],
+      out_shape=[jax.ShapeDtypeStruct((splits, mp, d), jnp.float32), *sink_shapes],
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_down",
-  )(h, w_down_FxD)
+  )(h, w_down_FxD, *pf)
+  return outs[0]

@@ -116,3 +116,22 @@ def prefetch_rows(ref, p, programs: int, chunk: int) -> jax.Array:
     return jnp.maximum(acc, blk.astype(jnp.float32).max())
 
   return jax.lax.fori_loop(0, per // chunk, body, jnp.float32(-jnp.inf))
+
+
+def prefetch_strided(refs, p, programs: int, chunk: int) -> jax.Array:
+  """Program p's share of each 2-D ref [R, C] in `refs` (R a multiple of `chunk`): its `chunk`-row loads p,
+  p + programs, p + 2 programs, ... with the L2 eviction policy evict_last, so that a kernel run after this one
+  finds them in the L2 cache. Every program makes ceil(R / chunk / programs) loads per ref; where the chunks do not
+  share evenly the surplus loads repeat the last chunk (an L2 hit). Unlike prefetch_rows, any program count fits
+  refs of any size. Returns the loads' fp32 max (the caller stores it: the loads are not dropped as dead code)."""
+  acc = jnp.float32(-jnp.inf)
+  for ref in refs:
+    chunks = ref.shape[0] // chunk
+
+    def body(t, acc, ref=ref, chunks=chunks):
+      start = pl.multiple_of(jnp.minimum(p + t * programs, chunks - 1) * chunk, chunk)
+      blk = pl_triton.load(ref.at[pl.ds(start, chunk), :], eviction_policy="evict_last")
+      return jnp.maximum(acc, blk.astype(jnp.float32).max())
+
+    acc = jax.lax.fori_loop(0, -(-chunks // programs), body, acc)
+  return acc

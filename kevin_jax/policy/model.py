@@ -427,8 +427,9 @@ class MLP(nnx.Module):
     return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret",
                                    **pf)[:, None]
 
-  def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
-    """The MLP of norm(x), x the residual stream."""
+  def __call__(self, x_BxTxD: Array, norm: RMSNorm, next_qkv: tuple[Array, ...] = ()) -> Array:
+    """The MLP of norm(x), x the residual stream. next_qkv: the next layer's q/k/v weights, which a decode step's
+    down kernel may prefetch into L2 (decode_mlp.DOWN_PREFETCH_PROGRAMS; _prefetchable)."""
     b, t, _ = x_BxTxD.shape
     # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
     front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
@@ -436,17 +437,24 @@ class MLP(nnx.Module):
     h_BxTxF = self._front(x_BxTxD, norm, front, wd if down != "xla" else None)
     if down == "xla":
       return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
-    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
+    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, prefetch=_prefetchable(next_qkv),
+                                interpret=down == "interpret")[:, None]
 
-  def decode_partials(self, x_BxD: Array, norm: RMSNorm) -> Array:
+  def decode_partials(self, x_BxD: Array, norm: RMSNorm, next_qkv: tuple[Array, ...] = ()) -> Array:
     """A decode step's MLP of norm(x) ([B, D] rows) as terms to sum: decode_mlp.down_partials' fp32 [S, R >= B, D]
-    with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y)."""
+    with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y). next_qkv:
+    as in __call__."""
     front, down = self._decode_impls(x_BxD.shape[0])
     wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
     h_BxF = self._front(x_BxD[:, None], norm, front, wd if down != "xla" else None)[:, 0]
     if down == "xla":
       return jnp.einsum("bf,fd->bd", h_BxF, wd)[None]
-    return decode_mlp.down_partials(h_BxF, wd, interpret=down == "interpret")
+    return decode_mlp.down_partials(h_BxF, wd, prefetch=_prefetchable(next_qkv), interpret=down == "interpret")
+
+
+def _prefetchable(arrays: tuple[Array, ...]) -> tuple[Array, ...]:
+  """The arrays if a decode kernel can prefetch them all (decode_mlp.can_prefetch), else none."""
+  return tuple(arrays) if all(decode_mlp.can_prefetch(a) for a in arrays) else ()
 
 
 class DecoderLayer(nnx.Module):
@@ -456,18 +464,19 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg, rngs=rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
+  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, next_qkv: tuple[Array, ...] = ()):
+    """next_qkv: the next layer's q/k/v weights, for a decode step's down kernel to prefetch (MLP.__call__)."""
     h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
-    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
+    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm, next_qkv)
     return h_BxTxD, new_kv
 
   def decode_step_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD,
-                           next_norm: RMSNorm, interpret: bool):
+                           next_norm: RMSNorm, interpret: bool, next_qkv: tuple[Array, ...] = ()):
     """A decode step (T == 1) whose residual add after the MLP and `next_norm` run as decode_add_norm's one kernel:
     (h, the updated (k, v) cache, next_norm(h)). normed_BxTxD: this layer's input norm of h if the previous layer
-    computed it, else None."""
+    computed it, else None. next_qkv: as in __call__."""
     h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm, normed_BxTxD)
-    y_SxRxD = self.mlp.decode_partials(h_BxTxD[:, 0], self.post_attn_norm)
+    y_SxRxD = self.mlp.decode_partials(h_BxTxD[:, 0], self.post_attn_norm, next_qkv)
     h_BxD, x_BxD = decode_add_norm.add_norm(h_BxTxD[:, 0], y_SxRxD, next_norm.scale[...], next_norm.eps,
                                             interpret=interpret)
     return h_BxD[:, None], new_kv, x_BxD[:, None]
@@ -570,6 +579,19 @@ class Qwen2(nnx.Module):
                                             cache_mask_BxS)
     return self.logits(h_BxTxD), cache
 
+  def _next_qkv(self, i: int, shape_BxT: tuple[int, int]) -> tuple[Array, ...]:
+    """Layer i + 1's q/k/v weights in the compute dtype if a decode step of this shape runs its q/k/v kernel (for
+    layer i's down kernel to prefetch into L2: decode_mlp.down_partials), else none. They are the arrays that
+    kernel reads once Qwen2.fold_decode_norms has run (the sampler runs it); with the norms unfolded it reads
+    fold products instead, and the prefetch is wasted, not wrong."""
+    b, t = shape_BxT
+    if t != 1 or i + 1 >= len(self.layers):
+      return ()
+    attn = self.layers[i + 1].attn
+    if attn._decode_qkv_impl(b) == "xla":  # pylint: disable=protected-access
+      return ()
+    return tuple(p[...].astype(self.cfg.compute_jnp_dtype) for p in (attn.q_kernel, attn.k_kernel, attn.v_kernel))
+
   def hidden_with_cache(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
                         cache: KVCache, cache_slot: Array | int = 0,
                         cache_mask_BxS: Array | None = None) -> tuple[Array, KVCache]:
@@ -586,13 +608,14 @@ class Qwen2(nnx.Module):
         next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
         h_BxTxD, (k, v), normed = layer.decode_step_add_norm(
             h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot, cache_mask_BxS), normed,
-            next_norm, interpret=add_norm == "interpret")
+            next_norm, interpret=add_norm == "interpret", next_qkv=self._next_qkv(i, tokens_BxT.shape))
         new_k.append(k)
         new_v.append(v)
       return normed, KVCache(k=new_k, v=new_v)
     for i, layer in enumerate(self.layers):
       h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot,
-                                                                       cache_mask_BxS))
+                                                                       cache_mask_BxS),
+                              next_qkv=self._next_qkv(i, tokens_BxT.shape))
       new_k.append(k)
       new_v.append(v)
     return self.final_norm(h_BxTxD), KVCache(k=new_k, v=new_v)
