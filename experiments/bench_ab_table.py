@@ -25,6 +25,8 @@ def load(root: str) -> dict:
       continue
     with open(path, encoding="utf-8") as fh:
       res = json.load(fh)
+    if "args" not in res:  # another bench's results in the same call (e.g. part l2's qkv_l2/)
+      continue
     a = res["args"]
     head = f"head={a['decode_head']} " if a.get("decode_head", "xla") != "xla" else ""
     head += f"norm={a['decode_norm']} " if a.get("decode_norm", "xla") != "xla" else ""

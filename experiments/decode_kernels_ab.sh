@@ -36,6 +36,8 @@
 #                                               # (~8.5 min at AB_S=480)
 #   bash experiments/decode_kernels_ab.sh 5b    # part 5 with PART5B's variants: balanced splits, the front's
 #                                               # and the down kernel's prefetches (~4.5 min at AB_S=300)
+#   bash experiments/decode_kernels_ab.sh 5c    # part 5 with PART5C's variants: balanced splits by stages, split
+#                                               # count, block size, warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): what prefetching weights into
@@ -106,6 +108,12 @@ pfq="decode_mlp.down_partials:prefetch_programs=76"  # the down kernel's idle SM
 PART5B=("inout:$inout" "bal:$inout $attn_opts:balance=1" "pf:$inout --kernel-opts $pf"
         "pfq:$inout --kernel-opts $pfq"
         "all:$inout --kernel-opts 'decode_attention.decode_attention:balance=1;$pf;$pfq'")
+# PART5C: on an H100 (2026-12-06, thirty-first session) both prefetches lost (the front's -9.2 %, the down kernel's
+# -2.2 %) and 4 balanced splits gained +1.3 % again: the balanced attention by stages, splits, block size and warps.
+bal="$attn_opts:balance=1"
+PART5C=("inout:$inout" "bal:$inout $bal" "bal3s:$inout $bal,num_stages=3" "bal4s:$inout $bal,num_stages=4"
+        "bal2sp:$inout $bal,num_splits=2,num_stages=3" "bal128k:$inout $bal,block_k=128,num_stages=3"
+        "bal2w:$inout $bal,num_warps=2,num_stages=3")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -124,7 +132,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h 5a 5b n 2 2n 3 3b 5 4a 4 (see the" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h 5a 5b 5c n 2 2n 3 3b 5 4a 4 (see the" \
        "header)" >&2
   exit 2
 }
@@ -172,9 +180,11 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
         stages+=("pair=90=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts pair \
 --out \$OUT/pair") ;;
     5b) ab_stages "$bench" "${PART5B[@]}"
-        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
+        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5a) ab_stages "$bench" "${PART5A[@]}"
-        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
+        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
+    5c) ab_stages "$bench" "${PART5C[@]}"
+        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     4a) stages+=("bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
