@@ -117,14 +117,7 @@ def _oproj(o, w, **kw):
 
 
 def _versions(part: str, configs: str, interpret: bool = False) -> dict:
-  """name -> fn(x, *weights) for one part: XLA's, then one Pallas version per config string (part `pair`: per
-  count of prefetch programs)."""
-  if part == "pair":
-    versions = {"xla": lambda x_, g_, u_, d_: xla_down(xla_front(x_, g_, u_), d_)}
-    for c in configs.split(","):
-      versions[f"pallas prefetch {c}"] = (lambda x_, g_, u_, d_, p=int(c): down_proj(swiglu_front(
-          x_, g_, u_, prefetch=d_, prefetch_programs=p, interpret=interpret), d_, interpret=interpret))
-    return versions
+  """name -> fn(x, *weights) for one part: XLA's, then one Pallas version per config string."""
   if part == "oproj":
     versions = {"xla": xla_oproj}
     for c in configs.split(","):
@@ -158,16 +151,13 @@ def main(argv=None) -> None:
                   "stay in the L2 cache: the time a kernel would take if its weights were prefetched into L2")
   ap.add_argument("--reps", type=int, default=50)
   ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU), down (down projection), oproj "
-                  "(the attention's o projection + residual), pair (front then down, with the front prefetching "
-                  "the down weights into L2)")
+                  "(the attention's o projection + residual)")
   ap.add_argument("--configs", default="32x128x4x3,16x128x4x3,64x128x4x3,32x64x4x3,32x128x8x3,32x128x4x4",
                   help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m], "
                   "comma-separated")
   ap.add_argument("--down-configs", default="64x64x4x4x5,64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,"
                   "32x64x0x4x3,64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = "
                   "pick_splits) x num_warps x num_stages (the first: the default)")
-  ap.add_argument("--pair-prefetch", default="0,56,28", help="pair's Pallas versions: the front's prefetch programs "
-                  "for the down projection's weights (0: none, the default)")
   ap.add_argument("--oproj-configs", default="16x128x4x3,16x128x4x5,16x128x4x7,32x128x4x5,16x64x4x7",
                   help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages (the first: the default)")
   add_round_args(ap)
@@ -186,14 +176,11 @@ def main(argv=None) -> None:
       elif part == "down":
         weights = ([weight(f, d) for _ in range(a.layers)],)
         width, configs = f, a.down_configs
-      elif part == "pair":  # the front, then the down projection, whose weights the front may prefetch into L2
-        weights = tuple([weight(*s_) for _ in range(a.layers)] for s_ in ((d, f), (d, f), (f, d)))
-        width, configs = d, a.pair_prefetch
       elif part == "oproj":
         weights = ([weight(d, d) for _ in range(a.layers)],)
         width, configs = d, a.oproj_configs
       else:
-        raise SystemExit(f"--parts: unknown part {part!r} (front, down, oproj, pair)")
+        raise SystemExit(f"--parts: unknown part {part!r} (front, down, oproj)")
       if a.same_weights:
         weights = tuple([w[0]] * a.layers for w in weights)
       weight_bytes = sum(w[0].size for w in weights) * 2

@@ -34,15 +34,12 @@
 #   bash experiments/decode_kernels_ab.sh 5a    # part 5 with PART5A's variants: the attention's splits, balance and
 #                                               # stages end to end, on the twenty-eighth session's best options
 #                                               # (~8.5 min at AB_S=480)
-#   bash experiments/decode_kernels_ab.sh 5b    # part 5 with PART5B's variants: balanced splits, the front's
-#                                               # and the down kernel's prefetches (~4.5 min at AB_S=300)
 #   bash experiments/decode_kernels_ab.sh 5c    # part 5 with PART5C's variants: balanced splits by stages, split
 #                                               # count, block size, warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
-#                                               # the same weights (L2-resident): what prefetching weights into
-#                                               # L2 could gain; then the front + down pair with the front's
-#                                               # extra programs prefetching the down weights (~3.5 min)
+#                                               # the same weights (L2-resident): the most that prefetching weights
+#                                               # into L2 could gain (~2.5 min)
 #   bash experiments/decode_kernels_ab.sh h     # the fused LM head + draw (policy/decode_head.py): its GPU tests, then
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
@@ -100,16 +97,8 @@ inout="--decode-norm inside --decode-out pallas"
 PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_opts:num_splits=1,num_stages=4"
         "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
         "bal8s:$inout $attn_opts:balance=1,num_splits=8,num_stages=3")
-# PART5B: on an H100 (2026-12-05, thirtieth session) PART5A's one-split variants lost 0.3-16 % and 4 balanced splits
-# gained 1.0 %: balanced splits; the SwiGLU front's prefetch of the down weights (part l2's pair); the down
-# kernel's prefetch of the next layer's q/k/v weights; all three.
-pf="decode_mlp.swiglu_front:prefetch_programs=56"  # the front's idle SMs prefetch the down weights into L2
-pfq="decode_mlp.down_partials:prefetch_programs=76"  # the down kernel's idle SMs: the next layer's q/k/v weights
-PART5B=("inout:$inout" "bal:$inout $attn_opts:balance=1" "pf:$inout --kernel-opts $pf"
-        "pfq:$inout --kernel-opts $pfq"
-        "all:$inout --kernel-opts 'decode_attention.decode_attention:balance=1;$pf;$pfq'")
-# PART5C: on an H100 (2026-12-06, thirty-first session) both prefetches lost (the front's -9.2 %, the down kernel's
-# -2.2 %) and 4 balanced splits gained +1.3 % again: the balanced attention by stages, splits, block size and warps.
+# PART5C: on an H100 (2026-12-06, thirty-first session) 4 balanced splits gained +1.3 % again (and the prefetches
+# into L2 lost; removed): the balanced attention by stages, splits, block size and warps.
 bal="$attn_opts:balance=1"
 PART5C=("inout:$inout" "bal:$inout $bal" "bal3s:$inout $bal,num_stages=3" "bal4s:$inout $bal,num_stages=4"
         "bal2sp:$inout $bal,num_splits=2,num_stages=3" "bal128k:$inout $bal,block_k=128,num_stages=3"
@@ -132,7 +121,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h 5a 5b 5c n 2 2n 3 3b 5 4a 4 (see the" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h 5a 5c n 2 2n 3 3b 5 4a 4 (see the" \
        "header)" >&2
   exit 2
 }
@@ -177,10 +166,7 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
 --parts down,oproj --configs ${front%%,*} --down-configs ${down%%,*} --oproj-configs 16x128x4x3$same \
 --out \$OUT/mlp$tag")
         done
-        stages+=("pair=90=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts pair \
---out \$OUT/pair") ;;
-    5b) ab_stages "$bench" "${PART5B[@]}"
-        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
+        ;;
     5a) ab_stages "$bench" "${PART5A[@]}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5c) ab_stages "$bench" "${PART5C[@]}"

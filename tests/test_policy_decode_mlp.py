@@ -1,8 +1,6 @@
 """The decode MLP kernels (policy/decode_mlp.py: the fused SwiGLU front, the split down projection) against the jnp
 expression: in interpret mode on the CPU, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +9,6 @@ import pytest
 from kevin_jax.policy import get_preset
 from kevin_jax.policy.decode_mlp import (DOWN_SPLITS, down_partials, down_proj, pick_block, pick_splits,
                                         resolve_splits, supported, swiglu_front)
-from kevin_jax.policy.decode_tiles import prefetch_split
 from tests.test_common import assert_sampler_same_with_kernel
 
 
@@ -54,102 +51,6 @@ def test_front_lowers_to_triton():
   text = jax.jit(swiglu_front).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
   assert len(call) == 1 and call[0].count("tensor<896x4864xbf16>") == 2
-
-
-def test_prefetch_leaves_the_front_unchanged():
-  """With prefetch programs (they load the down weights for L2, decode_mlp.PREFETCH_PROGRAMS) the front's output is
-  bit-for-bit the one without; the size rule is checked."""
-  x, wg, wu = _case(64, 256, 512, jnp.float32)
-  wd = jnp.asarray(np.random.default_rng(1).standard_normal((512, 256)), jnp.float32)  # 1,024 rows of 128: 16 loads
-  want = np.asarray(swiglu_front(x, wg, wu, interpret=True))
-  got = np.asarray(swiglu_front(x, wg, wu, prefetch=wd, prefetch_programs=8, interpret=True))
-  np.testing.assert_array_equal(got, want)
-  np.testing.assert_allclose(got, _reference(x, wg, wu), rtol=1e-5, atol=1e-5)
-  with pytest.raises(ValueError, match="prefetch's size"):
-    swiglu_front(x, wg, wu, prefetch=wd[:100], prefetch_programs=8, interpret=True)
-
-
-def test_prefetch_programs_in_the_triton_call():
-  """At the 0.5B shape (64 rows) the front has F / 64 = 76 column programs; 56 more asked for the down weights'
-  532 loads of 64 x 128 get 38 (the most <= 56 dividing 532), each 14 loads: the sink output has 76 + 38 slots."""
-  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  fn = lambda x, g, u, d: swiglu_front(x, g, u, prefetch=d, prefetch_programs=56)
-  text = jax.jit(fn).trace(spec(64, 896), spec(896, 4864), spec(896, 4864), spec(4864, 896)).lower(
-      lowering_platforms=("cuda",)).as_text()
-  call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
-  assert len(call) == 1 and "tensor<34048x128xbf16>" in call[0] and "tensor<1x114x16xf32>" in call[0]
-  assert [prefetch_split(*a) for a in ((34048, 56, 64), (34048, 0, 64), (100, 8, 64), (512, 3, 64))] == [38, 0, 0, 2]
-
-
-@pytest.mark.usefixtures("fresh_jit_caches")
-def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
-  """Greedy decoding with the front's prefetch of the down weights on (64-wide loads of 16 rows so that the tiny
-  model's 192 x 64 weights qualify): the same tokens and log-probs as XLA, and the prefetch ran."""
-  from kevin_jax.policy import decode_mlp, decode_tiles  # pylint: disable=g-import-not-at-top
-  programs, prefetch_rows = [], decode_tiles.prefetch_rows
-
-  def spy(ref, p, n, chunk):  # traced once per kernel: records the prefetch programs' count
-    programs.append(n)
-    return prefetch_rows(ref, p, n, chunk)
-
-  monkeypatch.setattr(decode_mlp, "PREFETCH_WIDTH", 64)
-  monkeypatch.setattr(decode_mlp, "PREFETCH_CHUNK", 16)
-  monkeypatch.setattr(decode_tiles, "prefetch_rows", spy)
-  monkeypatch.setattr(decode_mlp, "swiglu_front", functools.partial(decode_mlp.swiglu_front, prefetch_programs=4))
-  assert_sampler_same_with_kernel(("decode_mlp", "decode_down"), max_new_tokens=20)
-  assert programs and set(programs) == {4}  # 192 x 64 weights: 12 loads of 16 x 64 rows, 3 per program
-
-
-def test_down_prefetch_leaves_the_partials_unchanged():
-  """With prefetch programs (they load other arrays, e.g. the next layer's q/k/v weights, for L2) the down kernel's
-  partials are bit-for-bit the ones without, for program counts that share the loads evenly or not; the size rule
-  is checked."""
-  h, w = _down_case(64, 512, 128, jnp.float32)
-  rng = np.random.default_rng(2)
-  q, k = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((256, 4, 32), (256, 1, 32)))  # 4 and 1 loads
-  want = np.asarray(down_partials(h, w, splits=4, interpret=True))
-  for programs in (4, 6, 12):  # 1, 1 and 3 more column blocks of 4 splits
-    got = np.asarray(down_partials(h, w, splits=4, prefetch=(q, k, k), prefetch_programs=programs, interpret=True))
-    np.testing.assert_array_equal(got, want)
-  np.testing.assert_allclose(want.sum(0), np.asarray(h, np.float64) @ np.asarray(w, np.float64), rtol=1e-5,
-                             atol=1e-4)
-  with pytest.raises(ValueError, match="prefetch's sizes"):
-    down_partials(h, w, splits=4, prefetch=(q, k[:100]), prefetch_programs=4, interpret=True)
-
-
-def test_down_prefetch_programs_in_the_triton_call():
-  """At the 0.5B shape (64 rows) the down kernel has D / 64 = 14 column blocks x 4 splits; 76 more programs asked
-  for the next layer's q/k/v weights get 19 more column blocks of 4 splits: the sink output has 14 + 19 columns."""
-  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  fn = lambda h, w, q, k, v: down_partials(h, w, prefetch=(q, k, v), prefetch_programs=76)
-  text = jax.jit(fn).trace(spec(64, 4864), spec(4864, 896), spec(896, 14, 64), spec(896, 2, 64),
-                           spec(896, 2, 64)).lower(lowering_platforms=("cuda",)).as_text()
-  call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
-  assert len(call) == 1 and "tensor<6272x128xbf16>" in call[0] and "tensor<1x33x4x16xf32>" in call[0]
-  assert call[0].count("tensor<896x128xbf16>") == 2
-
-
-@pytest.mark.usefixtures("fresh_jit_caches")
-def test_sampler_same_tokens_with_the_down_prefetch(monkeypatch):
-  """Greedy decoding with the down kernel's prefetch of the next layer's q/k/v weights on (64-wide loads of 16 rows
-  so that the tiny model's 64 x 4 x 32 and 64 x 2 x 32 weights qualify; 16 rows and 32-wide heads for the q/k/v
-  kernel): the same tokens and log-probs as XLA, and the prefetch ran with the three arrays (F = 192 in 3 splits:
-  8 programs asked for give 2 more column blocks of 3)."""
-  from kevin_jax.policy import decode_mlp, decode_tiles  # pylint: disable=g-import-not-at-top
-  calls, prefetch_strided = [], decode_tiles.prefetch_strided
-
-  def spy(refs, p, n, chunk):  # traced once per kernel: records the arrays' count and the programs
-    calls.append((len(refs), n))
-    return prefetch_strided(refs, p, n, chunk)
-
-  monkeypatch.setattr(decode_mlp, "PREFETCH_WIDTH", 64)
-  monkeypatch.setattr(decode_mlp, "PREFETCH_CHUNK", 16)
-  monkeypatch.setattr(decode_tiles, "prefetch_strided", spy)
-  monkeypatch.setattr(decode_mlp, "down_partials", functools.partial(decode_mlp.down_partials, prefetch_programs=8))
-  assert_sampler_same_with_kernel(("decode_mlp", "decode_down", "decode_qkv"), max_new_tokens=20, batch_size=16,
-                                  head_dim=32)
-  splits = decode_mlp.resolve_splits(None, get_preset("tiny").intermediate_size, 1, 64)
-  assert calls and set(calls) == {(3, max(1, 8 // splits) * splits)}
 
 
 def test_shape_rules():

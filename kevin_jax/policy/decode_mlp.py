@@ -15,15 +15,6 @@ Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
-Prefetch (`prefetch=`, off by default: PREFETCH_PROGRAMS = 0): at 64 rows the 0.5B shape gives the front F / 64 = 76
-column programs for 132 SMs, and the down kernel right after it reads its 8.7 MB of weights at ~1.5 TB/s (6 us per
-layer in the twenty-third session's profile; latency-bound with 56 programs). With prefetch_programs > 0 the front
-gets that many more programs (at most; decode_tiles.prefetch_split), which load the down weights with the L2
-eviction policy evict_last while the column programs run, so that the down kernel may find them in the 50 MB L2
-cache. The model passes its down weights whenever both kernels run. Not yet measured on a GPU:
-experiments/decode_kernels_ab.sh part l2 times the down kernel with its weights L2-resident (`--same-weights`) and
-the front + down pair with and without the prefetch, and part 5b runs it end to end.
-
 `down_proj`, the MLP's down projection split along F: ModelConfig.decode_down='auto' (the default) uses it on a GPU
 up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D. On an H200 it beat XLA's einsum at 64 rows on the 0.5B shape
 (alone 8.9 against 10.6 µs per layer; decode +5 %) but not at 256 rows, and on the 1.5B shape it tied XLA at best
@@ -58,59 +49,26 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None, prefetch: tuple[int, int, int]):
-  """refs: [1/rms if scaled], w_gate, w_up, [the array to prefetch], out, [the prefetch's sink]. rms_eps: the kernel
-  computes 1/rms itself. prefetch: (column programs, prefetch programs, rows per load), or all 0."""
+def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None):
+  """refs: [1/rms if scaled], w_gate, w_up, out. rms_eps: the kernel computes 1/rms itself."""
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
-  n_cols, n_pf, chunk = prefetch
-  if n_pf:
-    wg_ref, wu_ref, pf_ref, o_ref, sink_ref = refs
-  else:
-    wg_ref, wu_ref, o_ref = refs
-
-  def front():
-    g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1],
-                                 block_d, r_ref, rms_eps)
-    o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
-
-  if not n_pf:
-    front()
-    return
-  j = pl.program_id(1)
-  pl.when(j < n_cols)(front)
-
-  @pl.when((j >= n_cols) & (pl.program_id(0) == 0))
-  def _():
-    sink_ref[...] = jnp.full(sink_ref.shape, decode_tiles.prefetch_rows(pf_ref, j - n_cols, n_pf, chunk))
-
-
-PREFETCH_WIDTH = 128  # An array to prefetch is read as [size / PREFETCH_WIDTH, PREFETCH_WIDTH] ...
-PREFETCH_CHUNK = 64  # ... PREFETCH_CHUNK rows (16 KB of bf16) per load.
-PREFETCH_PROGRAMS = 0  # swiglu_front's prefetch programs by default (0: none; not yet measured on a GPU).
-
-
-def can_prefetch(a: Array) -> bool:
-  """Whether swiglu_front can prefetch the array `a` (its size a multiple of PREFETCH_WIDTH * PREFETCH_CHUNK)."""
-  return a.size % (PREFETCH_WIDTH * PREFETCH_CHUNK) == 0
+  wg_ref, wu_ref, o_ref = refs
+  g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d,
+                               r_ref, rms_eps)
+  o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("rms_eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
-                                             "prefetch_programs", "interpret"))
+                                             "interpret"))
 def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Array | None = None, *,
                  rms_eps: float | None = None, block_n: int = BLOCK_N, block_d: int = BLOCK_D,
-                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, prefetch: Array | None = None,
-                 prefetch_programs: int = PREFETCH_PROGRAMS, interpret: bool = False) -> Array:
+                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
   With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
   (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
-  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU.
-
-  prefetch (e.g. the down projection's weights, which the next kernel reads) with prefetch_programs > 0: up to that
-  many more programs load it, with the L2 eviction policy evict_last, while the column programs run (at 64 rows
-  the 0.5B shape has F / 64 = 76 column programs for 132 SMs), so that the next kernel finds it in the L2 cache.
-  Its size must be a multiple of PREFETCH_WIDTH * PREFETCH_CHUNK. The result does not depend on it."""
+  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU."""
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -122,36 +80,22 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
-  n_cols, n_pf, pf = f // block_n, 0, []
-  if prefetch is not None and prefetch_programs > 0:
-    if not can_prefetch(prefetch):
-      raise ValueError(f"prefetch's size ({prefetch.size}) must be a multiple of {PREFETCH_WIDTH * PREFETCH_CHUNK}")
-    pf = [prefetch.reshape(-1, PREFETCH_WIDTH)]  # >= 1 whole load of PREFETCH_CHUNK rows: n_pf >= 1
-    n_pf = decode_tiles.prefetch_split(pf[0].shape[0], prefetch_programs, PREFETCH_CHUNK)
-  col = lambda j: jnp.minimum(j, n_cols - 1)  # prefetch programs (j >= n_cols) map to the last column block
-  pf_specs, sink_specs, sink_shapes = [], [], []
-  if pf:  # the array whole, and each program's 16-float slot for its loads' max
-    pf_specs = [pl.BlockSpec(pf[0].shape, lambda i, j: (0, 0))]
-    sink_specs = [pl.BlockSpec((None, None, 16), lambda i, j: (i, j, 0))]
-    sink_shapes = [jax.ShapeDtypeStruct((mp // bm, n_cols + n_pf, 16), jnp.float32)]
-  outs = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps,
-                        prefetch=(n_cols, n_pf, PREFETCH_CHUNK)),
-      grid=(mp // bm, n_cols + n_pf),
+  out = pl.pallas_call(
+      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps),
+      grid=(mp // bm, f // block_n),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
           *[pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled,
-          pl.BlockSpec((d, block_n), lambda i, j: (0, col(j))),
-          pl.BlockSpec((d, block_n), lambda i, j: (0, col(j))),
-          *pf_specs,
+          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
       ],
-      out_specs=[pl.BlockSpec((bm, block_n), lambda i, j: (i, col(j))), *sink_specs],
-      out_shape=[jax.ShapeDtypeStruct((mp, f), x_BxD.dtype), *sink_shapes],
+      out_specs=pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
+      out_shape=jax.ShapeDtypeStruct((mp, f), x_BxD.dtype),
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_swiglu",
-  )(x, *r, w_gate_DxF, w_up_DxF, *pf)
-  return outs[0][:b]
+  )(x, *r, w_gate_DxF, w_up_DxF)
+  return out[:b]
 
 
 # --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (ModelConfig.decode_down). ---
@@ -189,56 +133,29 @@ def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUN
   return next((s for s in divisors if n_blocks * s >= min_programs), divisors[-1])
 
 
-def _down_kernel(h_ref, w_ref, *refs, block_k: int, prefetch: tuple[int, int, int, int]):
-  """refs: [the arrays to prefetch], out, [the prefetch's sink]. prefetch: (column blocks, splits, prefetch
-  programs, arrays to prefetch), or all 0."""
-  n_blocks, splits, n_pf, n_arrays = prefetch
-  if not n_pf:
-    refs[0][...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
-    return
-  pf_refs, o_ref, sink_ref = refs[:n_arrays], refs[n_arrays], refs[n_arrays + 1]
-  i, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)  # read here: interpret mode lowers no program_id
-  p = (j - n_blocks) * splits + s                                   # inside a pl.when
-
-  @pl.when(j < n_blocks)
-  def _():
-    o_ref[...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
-
-  @pl.when((j >= n_blocks) & (i == 0))
-  def _():
-    sink_ref[...] = jnp.full(sink_ref.shape, decode_tiles.prefetch_strided(pf_refs, p, n_pf, PREFETCH_CHUNK))
-
-
-DOWN_PREFETCH_PROGRAMS = 0  # down_partials' prefetch programs by default (0: none; not yet measured on a GPU).
+def _down_kernel(h_ref, w_ref, o_ref, *, block_k: int):
+  o_ref[...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
                                              "interpret"))
 def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64, block_k: int = 64,
               block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
-              prefetch: tuple[Array, ...] = (), interpret: bool = False) -> Array:
+              interpret: bool = False) -> Array:
   """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (resolve_splits) into fp32 partials
-  summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D). prefetch: as
-  down_partials' (its prefetch_programs default, DOWN_PREFETCH_PROGRAMS, decides whether any program loads it)."""
+  summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D)."""
   partials = down_partials(h_BxF, w_down_FxD, splits=splits, block_n=block_n, block_k=block_k, block_m=block_m,
-                           num_warps=num_warps, num_stages=num_stages, prefetch=prefetch, interpret=interpret)
+                           num_warps=num_warps, num_stages=num_stages, interpret=interpret)
   return partials.sum(0)[:h_BxF.shape[0]].astype(h_BxF.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
-                                             "prefetch_programs", "interpret"))
+                                             "interpret"))
 def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64,
                   block_k: int = 64, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
-                  prefetch: tuple[Array, ...] = (), prefetch_programs: int = DOWN_PREFETCH_PROGRAMS,
                   interpret: bool = False) -> Array:
   """down_proj's fp32 partials before XLA's sum: [splits, R, D], R >= B the rows padded to the kernel's row tiles
-  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm.
-
-  prefetch (e.g. the next layer's q/k/v weights, which the kernel after the residual add reads) with
-  prefetch_programs > 0: about that many more programs (a multiple of `splits`, at least one per split) load it,
-  with the L2 eviction policy evict_last, while the column programs run (at 64 rows the 0.5B shape has 56 column
-  programs for 132 SMs; decode_tiles.prefetch_strided). Each array's size must be a multiple of PREFETCH_WIDTH *
-  PREFETCH_CHUNK (can_prefetch). The result does not depend on it."""
+  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
   b, f = h_BxF.shape
   d = w_down_FxD.shape[1]
   if w_down_FxD.shape[0] != f:
@@ -252,31 +169,16 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None,
   ks = f // splits
   mp, bm = decode_tiles.row_tiles(b, block_m)
   h = decode_tiles.pad_rows(h_BxF.astype(w_down_FxD.dtype), mp)
-  n_blocks, pf_cols, pf = d // block_n, 0, []
-  if prefetch and prefetch_programs > 0:
-    bad = [a.shape for a in prefetch if not can_prefetch(a)]
-    if bad:
-      raise ValueError(f"prefetch's sizes must be multiples of {PREFETCH_WIDTH * PREFETCH_CHUNK}, got shapes {bad}")
-    pf = [a.reshape(-1, PREFETCH_WIDTH) for a in prefetch]
-    pf_cols = max(1, prefetch_programs // splits)  # more column blocks; each of their (column, split) programs
-                                                   # prefetches: pf_cols * splits programs
-  col = lambda j: jnp.minimum(j, n_blocks - 1)  # prefetch programs (j >= n_blocks) map to the last column block
-  sink_specs, sink_shapes = [], []
-  if pf:  # each prefetch program's 16-float slot for its loads' max
-    sink_specs = [pl.BlockSpec((None, None, None, 16), lambda i, j, s: (i, j, s, 0))]
-    sink_shapes = [jax.ShapeDtypeStruct((mp // bm, n_blocks + pf_cols, splits, 16), jnp.float32)]
-  outs = pl.pallas_call(
-      functools.partial(_down_kernel, block_k=block_k, prefetch=(n_blocks, splits, pf_cols * splits, len(pf))),
-      grid=(mp // bm, n_blocks + pf_cols, splits),
+  return pl.pallas_call(
+      functools.partial(_down_kernel, block_k=block_k),
+      grid=(mp // bm, d // block_n, splits),
       in_specs=[
           pl.BlockSpec((bm, ks), lambda i, j, s: (i, s)),
-          pl.BlockSpec((ks, block_n), lambda i, j, s: (s, col(j))),
-          *[pl.BlockSpec(a.shape, lambda i, j, s: (0, 0)) for a in pf],
+          pl.BlockSpec((ks, block_n), lambda i, j, s: (s, j)),
       ],
-      out_specs=[pl.BlockSpec((None, bm, block_n), lambda i, j, s: (s, i, col(j))), *sink_specs],
-      out_shape=[jax.ShapeDtypeStruct((splits, mp, d), jnp.float32), *sink_shapes],
+      out_specs=pl.BlockSpec((None, bm, block_n), lambda i, j, s: (s, i, j)),
+      out_shape=jax.ShapeDtypeStruct((splits, mp, d), jnp.float32),
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_down",
-  )(h, w_down_FxD, *pf)
-  return outs[0]
+  )(h, w_down_FxD)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
 
 EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
 
@@ -96,42 +95,3 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None,
   else:
     return a1, a2
   return a1 * r[:, None], a2 * r[:, None]
-
-
-def prefetch_split(rows: int, programs: int, chunk: int) -> int:
-  """The most prefetch programs <= `programs` that share `rows` rows in whole `chunk`-row loads (0 if none)."""
-  chunks = rows // chunk if rows % chunk == 0 else 0
-  return next((p for p in range(min(programs, chunks), 0, -1) if chunks % p == 0), 0)
-
-
-def prefetch_rows(ref, p, programs: int, chunk: int) -> jax.Array:
-  """Program p's share of the 2-D ref [R, C] (rows [p R / programs, (p + 1) R / programs)), loaded `chunk` rows at a
-  time with the L2 eviction policy evict_last, so that a kernel run after this one finds them in the L2 cache.
-  Returns the loads' fp32 max: the caller stores it, so that the loads are not dropped as dead code."""
-  per = ref.shape[0] // programs
-
-  def body(t, acc):
-    start = pl.multiple_of(p * per + t * chunk, chunk)
-    blk = pl_triton.load(ref.at[pl.ds(start, chunk), :], eviction_policy="evict_last")
-    return jnp.maximum(acc, blk.astype(jnp.float32).max())
-
-  return jax.lax.fori_loop(0, per // chunk, body, jnp.float32(-jnp.inf))
-
-
-def prefetch_strided(refs, p, programs: int, chunk: int) -> jax.Array:
-  """Program p's share of each 2-D ref [R, C] in `refs` (R a multiple of `chunk`): its `chunk`-row loads p,
-  p + programs, p + 2 programs, ... with the L2 eviction policy evict_last, so that a kernel run after this one
-  finds them in the L2 cache. Every program makes ceil(R / chunk / programs) loads per ref; where the chunks do not
-  share evenly the surplus loads repeat the last chunk (an L2 hit). Unlike prefetch_rows, any program count fits
-  refs of any size. Returns the loads' fp32 max (the caller stores it: the loads are not dropped as dead code)."""
-  acc = jnp.float32(-jnp.inf)
-  for ref in refs:
-    chunks = ref.shape[0] // chunk
-
-    def body(t, acc, ref=ref, chunks=chunks):
-      start = pl.multiple_of(jnp.minimum(p + t * programs, chunks - 1) * chunk, chunk)
-      blk = pl_triton.load(ref.at[pl.ds(start, chunk), :], eviction_policy="evict_last")
-      return jnp.maximum(acc, blk.astype(jnp.float32).max())
-
-    acc = jax.lax.fori_loop(0, -(-chunks // programs), body, acc)
-  return acc

@@ -408,53 +408,42 @@ class MLP(nnx.Module):
     return (_resolve(cfg.decode_mlp, fits),
             _resolve(cfg.decode_down, fits and cfg.hidden_size <= decode_mlp.AUTO_DOWN_MAX_D))
 
-  def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str, wd: Array | None = None) -> Array:
-    """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype. wd: the down projection's weights,
-    which the front's kernel may prefetch into L2 for the down kernel after it (decode_mlp.PREFETCH_PROGRAMS)."""
+  def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
+    """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
     dt = self.cfg.compute_jnp_dtype
-    pf = {"prefetch": wd} if wd is not None and decode_mlp.can_prefetch(wd) else {}
     if front != "xla" and self.cfg.decode_norm != "xla":
       # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
       wg, wu = (norm.fold(k[...], dt) for k in (self.gate_kernel, self.up_kernel))
       x_BxD = x_BxTxD[:, 0]
       inv_rms, eps = _decode_norm_args(self.cfg, norm, x_BxD)
       return decode_mlp.swiglu_front(x_BxD.astype(dt), wg, wu, inv_rms, rms_eps=eps,
-                                     interpret=front == "interpret", **pf)[:, None]
+                                     interpret=front == "interpret")[:, None]
     wg, wu = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel))
     if front == "xla":
       x = norm(x_BxTxD).astype(dt)
       return jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
-    return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret",
-                                   **pf)[:, None]
+    return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
 
-  def __call__(self, x_BxTxD: Array, norm: RMSNorm, next_qkv: tuple[Array, ...] = ()) -> Array:
-    """The MLP of norm(x), x the residual stream. next_qkv: the next layer's q/k/v weights, which a decode step's
-    down kernel may prefetch into L2 (decode_mlp.DOWN_PREFETCH_PROGRAMS; _prefetchable)."""
+  def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
+    """The MLP of norm(x), x the residual stream."""
     b, t, _ = x_BxTxD.shape
     # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
     front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
+    h_BxTxF = self._front(x_BxTxD, norm, front)
     wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
-    h_BxTxF = self._front(x_BxTxD, norm, front, wd if down != "xla" else None)
     if down == "xla":
       return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
-    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, prefetch=_prefetchable(next_qkv),
-                                interpret=down == "interpret")[:, None]
+    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
 
-  def decode_partials(self, x_BxD: Array, norm: RMSNorm, next_qkv: tuple[Array, ...] = ()) -> Array:
+  def decode_partials(self, x_BxD: Array, norm: RMSNorm) -> Array:
     """A decode step's MLP of norm(x) ([B, D] rows) as terms to sum: decode_mlp.down_partials' fp32 [S, R >= B, D]
-    with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y). next_qkv:
-    as in __call__."""
+    with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y)."""
     front, down = self._decode_impls(x_BxD.shape[0])
+    h_BxF = self._front(x_BxD[:, None], norm, front)[:, 0]
     wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
-    h_BxF = self._front(x_BxD[:, None], norm, front, wd if down != "xla" else None)[:, 0]
     if down == "xla":
       return jnp.einsum("bf,fd->bd", h_BxF, wd)[None]
-    return decode_mlp.down_partials(h_BxF, wd, prefetch=_prefetchable(next_qkv), interpret=down == "interpret")
-
-
-def _prefetchable(arrays: tuple[Array, ...]) -> tuple[Array, ...]:
-  """The arrays if a decode kernel can prefetch them all (decode_mlp.can_prefetch), else none."""
-  return tuple(arrays) if all(decode_mlp.can_prefetch(a) for a in arrays) else ()
+    return decode_mlp.down_partials(h_BxF, wd, interpret=down == "interpret")
 
 
 class DecoderLayer(nnx.Module):
@@ -464,19 +453,18 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg, rngs=rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, next_qkv: tuple[Array, ...] = ()):
-    """next_qkv: the next layer's q/k/v weights, for a decode step's down kernel to prefetch (MLP.__call__)."""
+  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
     h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
-    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm, next_qkv)
+    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
     return h_BxTxD, new_kv
 
   def decode_step_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD,
-                           next_norm: RMSNorm, interpret: bool, next_qkv: tuple[Array, ...] = ()):
+                           next_norm: RMSNorm, interpret: bool):
     """A decode step (T == 1) whose residual add after the MLP and `next_norm` run as decode_add_norm's one kernel:
     (h, the updated (k, v) cache, next_norm(h)). normed_BxTxD: this layer's input norm of h if the previous layer
-    computed it, else None. next_qkv: as in __call__."""
+    computed it, else None."""
     h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm, normed_BxTxD)
-    y_SxRxD = self.mlp.decode_partials(h_BxTxD[:, 0], self.post_attn_norm, next_qkv)
+    y_SxRxD = self.mlp.decode_partials(h_BxTxD[:, 0], self.post_attn_norm)
     h_BxD, x_BxD = decode_add_norm.add_norm(h_BxTxD[:, 0], y_SxRxD, next_norm.scale[...], next_norm.eps,
                                             interpret=interpret)
     return h_BxD[:, None], new_kv, x_BxD[:, None]
@@ -579,19 +567,6 @@ class Qwen2(nnx.Module):
                                             cache_mask_BxS)
     return self.logits(h_BxTxD), cache
 
-  def _next_qkv(self, i: int, shape_BxT: tuple[int, int]) -> tuple[Array, ...]:
-    """Layer i + 1's q/k/v weights in the compute dtype if a decode step of this shape runs its q/k/v kernel (for
-    layer i's down kernel to prefetch into L2: decode_mlp.down_partials), else none. They are the arrays that
-    kernel reads once Qwen2.fold_decode_norms has run (the sampler runs it); with the norms unfolded it reads
-    fold products instead, and the prefetch is wasted, not wrong."""
-    b, t = shape_BxT
-    if t != 1 or i + 1 >= len(self.layers):
-      return ()
-    attn = self.layers[i + 1].attn
-    if attn._decode_qkv_impl(b) == "xla":  # pylint: disable=protected-access
-      return ()
-    return tuple(p[...].astype(self.cfg.compute_jnp_dtype) for p in (attn.q_kernel, attn.k_kernel, attn.v_kernel))
-
   def hidden_with_cache(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
                         cache: KVCache, cache_slot: Array | int = 0,
                         cache_mask_BxS: Array | None = None) -> tuple[Array, KVCache]:
@@ -608,14 +583,13 @@ class Qwen2(nnx.Module):
         next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
         h_BxTxD, (k, v), normed = layer.decode_step_add_norm(
             h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot, cache_mask_BxS), normed,
-            next_norm, interpret=add_norm == "interpret", next_qkv=self._next_qkv(i, tokens_BxT.shape))
+            next_norm, interpret=add_norm == "interpret")
         new_k.append(k)
         new_v.append(v)
       return normed, KVCache(k=new_k, v=new_v)
     for i, layer in enumerate(self.layers):
       h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot,
-                                                                       cache_mask_BxS),
-                              next_qkv=self._next_qkv(i, tokens_BxT.shape))
+                                                                       cache_mask_BxS))
       new_k.append(k)
       new_v.append(v)
     return self.final_norm(h_BxTxD), KVCache(k=new_k, v=new_v)
