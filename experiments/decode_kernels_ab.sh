@@ -34,8 +34,9 @@
 #   bash experiments/decode_kernels_ab.sh 5a    # part 5 with PART5A's variants: the attention's splits, balance and
 #                                               # stages end to end, on the twenty-eighth session's best options
 #                                               # (~8.5 min at AB_S=480)
-#   bash experiments/decode_kernels_ab.sh 5c    # part 5 with PART5C's variants: balanced splits by stages, split
-#                                               # count, block size, warps (~5.5 min at AB_S=420)
+#   bash experiments/decode_kernels_ab.sh 5c    # part 5 with PART5C's variants: fixed-range splits, and the
+#                                               # balanced ones (the default) by stages, split count, block size,
+#                                               # warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): the most that prefetching weights
@@ -98,11 +99,10 @@ PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_
         "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
         "bal8s:$inout $attn_opts:balance=1,num_splits=8,num_stages=3")
 # PART5C: on an H100 (2026-12-06, thirty-first session) 4 balanced splits gained +1.3 % again (and the prefetches
-# into L2 lost; removed): the balanced attention by stages, splits, block size and warps.
-bal="$attn_opts:balance=1"
-PART5C=("inout:$inout" "bal:$inout $bal" "bal3s:$inout $bal,num_stages=3" "bal4s:$inout $bal,num_stages=4"
-        "bal2sp:$inout $bal,num_splits=2,num_stages=3" "bal128k:$inout $bal,block_k=128,num_stages=3"
-        "bal2w:$inout $bal,num_warps=2,num_stages=3")
+# into L2 lost; removed), and became the default: against fixed slot ranges; by stages, splits, block size, warps.
+PART5C=("inout:$inout" "fixed:$inout $attn_opts:balance=0" "bal3s:$inout $attn_opts:num_stages=3"
+        "bal4s:$inout $attn_opts:num_stages=4" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3"
+        "bal128k:$inout $attn_opts:block_k=128,num_stages=3" "bal2w:$inout $attn_opts:num_warps=2,num_stages=3")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...

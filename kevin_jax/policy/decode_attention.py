@@ -13,10 +13,11 @@ and accumulator) and writes its partial (acc, max, sum); a small XLA epilogue me
 Splitting S gives enough programs to fill the GPU at small batch; a split with nothing visible writes an empty
 partial that the merge weighs by zero. With `balance=True` the splits share the row's visible blocks instead (each
 an equal run of them, prompt blocks first): with fixed ranges, while the generated part is short, the splits over
-the prompt read whole ranges and those past it little or nothing. On an H100 (thirtieth session, one call, 0.5B,
-B = 64, with decode_norm='inside' and decode_out='pallas') bench_sampler ran 43,292 against 42,874 decode tok/s
-(+1.0 %, two runs each); not yet measured on an H200, so off by default (BALANCE). 8 balanced splits with 3
-stages ran 41,181 (-3.9 %).
+the prompt read whole ranges and those past it little or nothing. On an H100 (0.5B, B = 64, with
+decode_norm='inside' and decode_out='pallas') bench_sampler ran 43,292 against 42,874 decode tok/s (+1.0 %,
+thirtieth session) and 43,280 against 42,742 (+1.3 %, thirty-first), two runs each, every balanced run above every
+fixed-range run: the default since the thirty-first session (BALANCE), not yet measured on an H200. 8 balanced
+splits with 3 stages ran 41,181 (-3.9 %).
 
 With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
 cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
@@ -57,7 +58,7 @@ Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
 _TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
-BALANCE = False  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
+BALANCE = True  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
 MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
 _MERGES = ("reduce", "unrolled")
 
