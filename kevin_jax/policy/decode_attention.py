@@ -15,9 +15,9 @@ partial that the merge weighs by zero. With `balance=True` the splits share the 
 an equal run of them, prompt blocks first): with fixed ranges, while the generated part is short, the splits over
 the prompt read whole ranges and those past it little or nothing. On an H100 (0.5B, B = 64, with
 decode_norm='inside' and decode_out='pallas') bench_sampler ran 43,292 against 42,874 decode tok/s (+1.0 %,
-thirtieth session) and 43,280 against 42,742 (+1.3 %, thirty-first), two runs each, every balanced run above every
-fixed-range run: the default since the thirty-first session (BALANCE), not yet measured on an H200. 8 balanced
-splits with 3 stages ran 41,181 (-3.9 %).
+thirtieth session) and 43,280 against 42,742 (+1.3 %, thirty-first), and on an H200 48,419 against 47,429 (+2.1 %,
+thirty-first), two runs each, every balanced run above every fixed-range run: the default (BALANCE). 8 balanced
+splits with 3 stages ran 41,181 on the H100 (-3.9 %).
 
 With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
 cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
