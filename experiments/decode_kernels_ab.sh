@@ -37,6 +37,9 @@
 #   bash experiments/decode_kernels_ab.sh 5c    # part 5 with PART5C's variants: fixed-range splits, and the
 #                                               # balanced ones (the default) by stages, split count, block size,
 #                                               # warps (~5.5 min at AB_S=420)
+#   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
+#   bash experiments/decode_kernels_ab.sh p     # one traced generate call on `inout` (1,024 + 1,024 tokens): every
+#                                               # decode kernel's device time per step (profile_decode, ~1.5 min)
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): the most that prefetching weights
@@ -103,6 +106,10 @@ PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_
 PART5C=("inout:$inout" "fixed:$inout $attn_opts:balance=0" "bal3s:$inout $attn_opts:num_stages=3"
         "bal4s:$inout $attn_opts:num_stages=4" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3"
         "bal128k:$inout $attn_opts:block_k=128,num_stages=3" "bal2w:$inout $attn_opts:num_warps=2,num_stages=3")
+# PART5D: on an H100 (2026-12-06, thirty-second session) 2 balanced splits with 3 stages gained +0.9 % over 4 with 2
+# (3 stages alone lost 0.9 %): 2 and 3 splits by stages.
+PART5D=("inout:$inout" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3" "bal2:$inout $attn_opts:num_splits=2"
+        "bal3sp:$inout $attn_opts:num_splits=3,num_stages=3")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -121,7 +128,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h 5a 5c n 2 2n 3 3b 5 4a 4 (see the" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p 5a 5c 5d n 2 2n 3 3b 5 4a 4 (see the" \
        "header)" >&2
   exit 2
 }
@@ -170,6 +177,10 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
     5a) ab_stages "$bench" "${PART5A[@]}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5c) ab_stages "$bench" "${PART5C[@]}"
+        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
+    p) stages+=("prof=180=python3 experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention \
+--new-tokens 1024 $inout --out \$OUT/prof") ;;
+    5d) ab_stages "$bench" "${PART5D[@]}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
