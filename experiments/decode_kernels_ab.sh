@@ -40,6 +40,9 @@
 #   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
 #   bash experiments/decode_kernels_ab.sh p     # one traced generate call on `inout` (1,024 + 1,024 tokens): every
 #                                               # decode kernel's device time per step (profile_decode, ~1.5 min)
+#   bash experiments/decode_kernels_ab.sh ncu   # Nsight Compute on `inout`'s decode kernels in bench_sampler (step
+#                                               # 20 on: q/k/v, attention, o projection, SwiGLU front, down, for two
+#                                               # layers): duration, throughput, occupancy, warp stalls (~2 min)
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): the most that prefetching weights
@@ -128,7 +131,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p 5a 5c 5d n 2 2n 3 3b 5 4a 4 (see the" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p ncu 5a 5c 5d n 2 2n 3 3b 5 4a 4 (see the" \
        "header)" >&2
   exit 2
 }
@@ -180,6 +183,9 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     p) stages+=("prof=180=python3 experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention \
 --new-tokens 1024 $inout --out \$OUT/prof") ;;
+    ncu) stages+=("ncu=240=ncu --clock-control none --target-processes all --kernel-name regex:kevin_decode \
+--launch-skip 2400 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
+--section WarpStateStats --section SchedulerStats python3 $bench --new-tokens 64 $inout --out \$OUT/ncu_bench") ;;
     5d) ab_stages "$bench" "${PART5D[@]}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
