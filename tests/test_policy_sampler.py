@@ -91,26 +91,6 @@ def test_logsumexp_rows_equals_logsumexp(v):
   assert abs(want[1] - 80.0) < 1e-3
 
 
-def test_chunk_exp_sums_equal_separate_sums_and_read_the_logits_in_one_reduce():
-  """chunk_exp_sums gives each array's chunk sums of exp(x - m) as _chunk_stats does one by one (an all -inf chunk:
-  0), and lowers to one variadic reduce where the separate sums take one reduce each."""
-  rng = np.random.RandomState(3)
-  v, chunks = 8192, 32
-  raw = rng.randn(4, v).astype(np.float32) * 6
-  raw[1, :256] = -np.inf  # an all -inf chunk (width 256)
-  raw = jnp.asarray(raw)
-  scaled = raw / 0.7
-  ms = tuple(sampler_lib.chunk_max_rows(x, chunks) for x in (raw, scaled))
-  got = jax.jit(lambda a, b, ma, mb: sampler_lib.chunk_exp_sums((a, b), (ma, mb), chunks))(raw, scaled, *ms)
-  for x, m, s in zip((raw, scaled), ms, got):
-    want = sampler_lib._chunk_stats(sampler_lib._chunked(x, chunks), m)[1]  # pylint: disable=protected-access
-    # fp32 sums of 256 positive terms in another order: within 256 roundings (~1.5e-5) of each other
-    np.testing.assert_allclose(np.asarray(s), np.asarray(want), rtol=1e-5)
-    assert s.shape == (4, chunks) and float(s[1, 0]) == 0.0 and float(s[0, 0]) >= 1.0
-  pair = jax.jit(lambda a, b, ma, mb: sampler_lib.chunk_exp_sums((a, b), (ma, mb), chunks))
-  assert pair.lower(raw, scaled, *ms).as_text().count("stablehlo.reduce") == 1
-
-
 @pytest.mark.parametrize("valid_vocab", [8192, 8000])
 @pytest.mark.parametrize("top_k", [0, 50])
 def test_sample_logits_logprobs_equal_log_softmax(valid_vocab, top_k):

@@ -163,18 +163,16 @@ def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
   return (c_B * width + jnp.take_along_axis(i_BxC, c_B[:, None], axis=-1)[:, 0]).astype(jnp.int32)
 
 
-def logsumexp_rows(x_BxV: Array, chunks: int = 32, m_BxC: Array | None = None, s_BxC: Array | None = None
-                   ) -> Array:
+def logsumexp_rows(x_BxV: Array, chunks: int = 32, m_BxC: Array | None = None) -> Array:
   """jax.scipy.special.logsumexp(x_BxV, axis=-1) in two stages: each of `chunks` column chunks' maximum m_c and
   sum s_c of exp(x - m_c), then M = max_c m_c and M + log(sum_c s_c exp(m_c - M)). Equal to jax's for rows of
   finite values and -inf (all -inf -> -inf); a row with +inf or NaN gives NaN (jax: +inf for +inf), which
   logits never hold. Two stages for the reason argmax_rows gives: one block per row leaves SMs idle.
-  m_BxC: the chunk maxima, if the caller has them (chunk_max_rows(x_BxV, chunks)); s_BxC with them: the chunks'
-  sums of exp(x - m) too (chunk_exp_sums)."""
+  m_BxC: the chunk maxima, if the caller has them (chunk_max_rows(x_BxV, chunks))."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     return jax.scipy.special.logsumexp(x_BxV, axis=-1)
-  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC, s_BxC)
+  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
   # The barrier keeps XLA from merging max_c(max_w x) into one reduction of its own over all of x: in the decode
   # step's HLO that was another full pass over the [B, V] logits (and a second stage) per logsumexp.
   m_B = jnp.max(jax.lax.optimization_barrier(m_BxC), axis=-1)
@@ -188,45 +186,27 @@ def chunk_max_rows(x_BxV: Array, chunks: int = 32) -> Array | None:
   return None if x_BxCxW is None else jnp.max(x_BxCxW, axis=-1)
 
 
-def _chunk_exps(x_BxCxW: Array, m_BxC: Array) -> Array:
-  """exp(x - m) per chunk (0 in an all -inf chunk)."""
-  safe_BxC = jnp.where(jnp.isneginf(m_BxC), 0.0, m_BxC)  # exp(-inf - 0) = 0, where exp(-inf - -inf) is NaN
-  return jnp.exp(x_BxCxW - safe_BxC[..., None])
-
-
-def _chunk_stats(x_BxCxW: Array, m_BxC: Array | None = None, s_BxC: Array | None = None) -> tuple[Array, Array]:
-  """Per chunk: its maximum m and sum(exp(x - m)) (-inf and 0 for an all -inf chunk), each computed unless given."""
+def _chunk_stats(x_BxCxW: Array, m_BxC: Array | None = None) -> tuple[Array, Array]:
+  """Per chunk: its maximum m (computed unless given) and sum(exp(x - m)) (-inf and 0 for an all -inf chunk)."""
   if m_BxC is None:
     m_BxC = jnp.max(x_BxCxW, axis=-1)
-  return m_BxC, jnp.sum(_chunk_exps(x_BxCxW, m_BxC), axis=-1) if s_BxC is None else s_BxC
+  safe_BxC = jnp.where(jnp.isneginf(m_BxC), 0.0, m_BxC)  # exp(-inf - 0) = 0, where exp(-inf - -inf) is NaN
+  return m_BxC, jnp.sum(jnp.exp(x_BxCxW - safe_BxC[..., None]), axis=-1)
 
 
-def chunk_exp_sums(xs_BxV: tuple[Array, ...], ms_BxC: tuple[Array, ...], chunks: int = 32) -> tuple[Array, ...]:
-  """For each x (all [B, V]) with its chunk maxima m (chunk_max_rows): the chunks' sums of exp(x - m) [B, C], as
-  _chunk_stats computes them, but in ONE variadic reduction, so that XLA reads the arrays' common input once. In
-  a sampling step the raw logits' sums (their log-prob) and the scaled logits' (the draw and its log-prob) are
-  both functions of the [B, V] fp32 logits; as two reductions XLA read those 39 MB twice (0.5B, B = 64: 11-15 us
-  per pass on an H100, BENCHMARKS.md "Sampler", thirty-second session)."""
-  es = tuple(_chunk_exps(_chunked(x, chunks), m) for x, m in zip(xs_BxV, ms_BxC))
-  zeros = tuple(np.float32(0) for _ in es)
-  return tuple(jax.lax.reduce(es, zeros, lambda a, b: tuple(u + v for u, v in zip(a, b)), (2,)))
-
-
-def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Array | None = None,
-                       s_BxC: Array | None = None) -> Array:
+def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Array | None = None) -> Array:
   """One draw per row from softmax(x_BxV) (int32), by Gumbel-argmax in two stages: a column chunk c with
   probability S_c / S (Gumbel-argmax over the chunks' log-masses log S_c), then a token j of it with probability
   exp(x_j) / S_c (Gumbel-argmax within the chunk), so P(j) = exp(x_j) / S exactly. That takes C + W Gumbel
   draws per row instead of V: generating [64, 151936] threefry Gumbels was the decode step's largest non-GEMM
   kernel (62 us per step, 2026-12-02 profile). chunks < 2 (or V < 512): the one-stage draw. Rows must have a
-  finite maximum (logits do; masked entries are finite _NEG). m_BxC: the chunk maxima, if the caller has them;
-  s_BxC with them: the chunks' sums of exp(x - m) too (chunk_exp_sums)."""
+  finite maximum (logits do; masked entries are finite _NEG). m_BxC: the chunk maxima, if the caller has them."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     v = x_BxV.shape[-1]
     return argmax_rows(x_BxV + jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B), chunks)
   _, c, w = x_BxCxW.shape
-  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC, s_BxC)
+  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
   log_mass_BxC = jnp.where(s_BxC > 0, m_BxC + jnp.log(s_BxC), -jnp.inf)
   keys_Bx2 = jax.vmap(jax.random.split)(keys_B)
   chunk_B = jnp.argmax(log_mass_BxC + jax.vmap(lambda k: jax.random.gumbel(k, (c,), jnp.float32))(keys_Bx2[:, 0]),
@@ -244,9 +224,9 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
 
-  def logp_of(x_BxV, token_B, m_BxC, s_BxC=None):  # log_softmax(x)[token] without a [B, V] log-softmax
+  def logp_of(x_BxV, token_B, m_BxC):  # log_softmax(x)[token] without materialising a [B, V] log-softmax
     return (jnp.take_along_axis(x_BxV, token_B[:, None], axis=-1)[:, 0]
-            - logsumexp_rows(x_BxV, reduce_chunks, m_BxC, s_BxC))
+            - logsumexp_rows(x_BxV, reduce_chunks, m_BxC))
 
   m_raw_BxC = chunk_max_rows(logits_BxV, reduce_chunks)
   masked_BxV = logits_BxV
@@ -275,12 +255,8 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
       scaled_BxV = jnp.where(scaled_BxV >= threshold_Bx1, scaled_BxV, _NEG)
     if m_scaled_BxC is None:
       m_scaled_BxC = chunk_max_rows(scaled_BxV, reduce_chunks)
-    s_raw_BxC = s_scaled_BxC = None
-    if m_raw_BxC is not None:  # two-stage: the raw and scaled chunk sums in one pass over the logits
-      s_raw_BxC, s_scaled_BxC = chunk_exp_sums((logits_BxV, scaled_BxV), (m_raw_BxC, m_scaled_BxC), reduce_chunks)
-    token_B = gumbel_sample_rows(scaled_BxV, keys_B, reduce_chunks, m_scaled_BxC, s_scaled_BxC)
-    samp_logp_B = logp_of(scaled_BxV, token_B, m_scaled_BxC, s_scaled_BxC)
-    return token_B, logp_of(logits_BxV, token_B, m_raw_BxC, s_raw_BxC), samp_logp_B
+    token_B = gumbel_sample_rows(scaled_BxV, keys_B, reduce_chunks, m_scaled_BxC)
+    samp_logp_B = logp_of(scaled_BxV, token_B, m_scaled_BxC)
   return token_B, logp_of(logits_BxV, token_B, m_raw_BxC), samp_logp_B
 
 
