@@ -19,7 +19,7 @@ def load(root: str) -> dict:
   whose JAX worker failed is left out."""
   out = defaultdict(list)
   for entry in sorted(os.listdir(root)):
-    m = re.fullmatch(r"(.+?)(\d+)", entry)
+    m = re.fullmatch(r"(.+)(\d)", entry)  # the round is one digit (1 or 2): a name may end in digits ('bal2')
     path = os.path.join(root, entry, "results.json")
     if not m or not os.path.isfile(path):
       continue

@@ -41,3 +41,14 @@ def test_settings_name_the_fused_head(tmp_path):
   lines = bench_ab_table.table(bench_ab_table.load(str(tmp_path))).splitlines()
   assert lines[2].endswith("| add_norm=xla fusion=0 out=xla |")
   assert lines[3] == "| head | 48,300 / 48,500 | 48,400 | 1.052 | 48.5 % | add_norm=xla fusion=0 out=xla head=pallas |"
+
+
+def test_a_variant_name_may_end_in_digits(tmp_path):
+  """The round is the folder's last digit only: 'bal2' rounds 1 and 2 ('bal21', 'bal22') stay 'bal2', apart from
+  'bal' (whose rounds were read as 'bal' 21 and 22 before)."""
+  _write(tmp_path, "bal1", 40000.0, 0.40)
+  _write(tmp_path, "bal21", 42000.0, 0.42, kernel_opts="decode_attention.decode_attention:num_splits=2")
+  _write(tmp_path, "bal22", 44000.0, 0.44, kernel_opts="decode_attention.decode_attention:num_splits=2")
+  runs = bench_ab_table.load(str(tmp_path))
+  assert sorted(runs) == ["bal", "bal2"]
+  assert [r for r, _, _ in runs["bal2"]] == [1, 2] and len(runs["bal"]) == 1
