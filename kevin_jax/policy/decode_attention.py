@@ -19,14 +19,21 @@ thirtieth session) and 43,280 against 42,742 (+1.3 %, thirty-first), and on an H
 thirty-first), two runs each, every balanced run above every fixed-range run: the default (BALANCE). 8 balanced
 splits with 3 stages ran 41,181 on the H100 (-3.9 %).
 
+Splits and stages (thirty-second session, same setting): 2 balanced splits with 3 pipeline stages (256 programs at
+B = 64) against 4 with 2 stages ran +0.9 % and +1.0 % in two H100 calls and +0.9 % on an H200 (48,795 against
+48,368 decode tok/s), every 2-split run above every 4-split run in the H100 calls; 2 splits with 2 stages lost
+2.9 %, 4 splits with 3 stages lost 0.9 % (H100), 3 splits with 3 stages gained 0.7 % (H100). So _TARGET_PROGRAMS
+is 256 (2 splits at B = 64 with K = 2) and NUM_STAGES 3: fewer partials for the merge, each split a longer run of
+blocks, the third stage keeping two loads in flight.
+
 With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
 cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
 `padded=True` it returns decode_qkv's padded [B, K, G_pad, H] rows as written, which decode_oproj's `groups` reads
 without a slice before it. Its GPU tests pass (H100), but end to end it was slower in the same H100 call: 36,105
 decode tok/s with 2 stages, 42,766 with 4 and 42,110 with 128-slot blocks and 3 stages, against 42,874 with 4 splits
 (BENCHMARKS.md "Sampler", thirtieth session): 128 programs that each walk up to 32 blocks in turn do not hide the
-loads' latency, and the merge fusion it saves costs less. The default keeps _num_splits' choice (4 splits at B = 64
-with 2,048 slots).
+loads' latency, and the merge fusion it saves costs less. The default keeps _num_splits' choice (2 splits at B = 64
+with K = 2 KV heads).
 
 The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions over the split axis, which XLA
 runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third
@@ -57,7 +64,8 @@ from kevin_jax.policy.decode_tiles import EXACT
 Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
-_TARGET_PROGRAMS = 512  # ~4 programs per SM on an H200 (132 SMs): enough to hide memory latency.
+_TARGET_PROGRAMS = 256  # ~2 programs per SM (132 SMs): 2 splits at B = 64, K = 2 beat 4 (module docstring).
+NUM_STAGES = 3  # Pipeline stages of the K/V loads: with 2 splits, 3 beat 2 by 4.0 % (H100, thirty-second session).
 BALANCE = True  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
 MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
 _MERGES = ("reduce", "unrolled")
@@ -182,7 +190,7 @@ def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: 
                                              "num_warps", "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
                      block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, padded: bool = False,
-                     balance: bool = BALANCE, merge: str = MERGE, num_warps: int = 4, num_stages: int = 2,
+                     balance: bool = BALANCE, merge: str = MERGE, num_warps: int = 4, num_stages: int = NUM_STAGES,
                      interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
