@@ -86,7 +86,7 @@ down="64x64x4x4x5,64x64x0x4x3,64x64x2x4x5,64x64x4x4x6,64x64x4x4x4,32x64x4x4x5,64
 # fuse into the o projection); balanced splits; the residual add + next norm kernel; XLA's multi-output fusions
 # (SamplerConfig.decode_fusion). PART3B: the o projection + residual kernel (decode_out), alone and with the add +
 # norm kernel (together they leave XLA only the post-attention norm between kernels); both attention options.
-# part a: block_k x splits (0: the kernel's choice, 4 at B = 64) x warps x stages x balance; one split writes the
+# part a: block_k x splits (0: the kernel's choice, 2 at B = 64) x warps x stages x balance; one split writes the
 # output itself (no merge)
 ATTN_SWEEP="64x0x4x2x0,64x0x4x3x0,64x0x4x3x1,64x8x4x2x1,64x8x4x3x1,64x16x4x2x1,64x1x4x4x0,64x2x4x3x1,128x0x4x3x1,\
 128x8x4x2x1"
@@ -110,7 +110,8 @@ PART5C=("inout:$inout" "fixed:$inout $attn_opts:balance=0" "bal3s:$inout $attn_o
         "bal4s:$inout $attn_opts:num_stages=4" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3"
         "bal128k:$inout $attn_opts:block_k=128,num_stages=3" "bal2w:$inout $attn_opts:num_warps=2,num_stages=3")
 # PART5D: on an H100 (2026-12-06, thirty-second session) 2 balanced splits with 3 stages gained +0.9 % over 4 with 2
-# (3 stages alone lost 0.9 %): 2 and 3 splits by stages.
+# (3 stages alone lost 0.9 %): 2 and 3 splits by stages. Since then (+0.9 % on an H200 too) 2 splits with 3 stages
+# are the default, so `inout` here is that, and `bal2sp` repeats it.
 PART5D=("inout:$inout" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3" "bal2:$inout $attn_opts:num_splits=2"
         "bal3sp:$inout $attn_opts:num_splits=3,num_stages=3")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
