@@ -42,7 +42,8 @@
 #                                               # decode kernel's device time per step (profile_decode, ~1.5 min)
 #   bash experiments/decode_kernels_ab.sh ncu   # Nsight Compute on `inout`'s decode kernels in bench_sampler (step
 #                                               # 20 on: q/k/v, attention, o projection, SwiGLU front, down, for two
-#                                               # layers): duration, throughput, occupancy, warp stalls (~2 min)
+#                                               # layers): duration, throughput, occupancy, warp stalls. On an
+#                                               # H100 (2026-12-06) ncu segfaulted on attaching to the JAX process
 #   bash experiments/decode_kernels_ab.sh l2    # the small-weight kernels (q/k/v, o projection, down)
 #                                               # alone, their defaults, with every layer's own weights and with
 #                                               # the same weights (L2-resident): the most that prefetching weights
@@ -132,8 +133,8 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p ncu 5a 5c 5d n 2 2n 3 3b 5 4a 4 (see the" \
-       "header)" >&2
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p ncu 5a 5c 5d n 2 2n 3 3b 5" \
+       "4a 4 (see the header)" >&2
   exit 2
 }
 # Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that

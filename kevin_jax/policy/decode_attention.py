@@ -23,8 +23,8 @@ Splits and stages (thirty-second session, same setting): 2 balanced splits with 
 B = 64) against 4 with 2 stages ran +0.9 % and +1.0 % in two H100 calls and +0.9 % on an H200 (48,795 against
 48,368 decode tok/s), every 2-split run above every 4-split run in the H100 calls; 2 splits with 2 stages lost
 2.9 %, 4 splits with 3 stages lost 0.9 % (H100), 3 splits with 3 stages gained 0.7 % (H100). So _TARGET_PROGRAMS
-is 256 (2 splits at B = 64 with K = 2) and NUM_STAGES 3: fewer partials for the merge, each split a longer run of
-blocks, the third stage keeping two loads in flight.
+is 256 (2 splits at B = 64 with K = 2) and NUM_STAGES 3 (why 2 splits need the third stage is not measured; they
+halve the partials the merge reads, and each split walks twice as many blocks).
 
 With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
 cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
