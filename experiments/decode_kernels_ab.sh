@@ -179,17 +179,13 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
 --out \$OUT/mlp$tag")
         done
         ;;
-    5a) ab_stages "$bench" "${PART5A[@]}"
+    5a|5c|5d) variants="PART${part^^}[@]"  # PART5A, PART5C or PART5D, each against its `inout`
+        ab_stages "$bench" "${!variants}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
-    5c) ab_stages "$bench" "${PART5C[@]}"
-        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
-    p) stages+=("prof=180=python3 experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention \
---new-tokens 1024 $inout --out \$OUT/prof") ;;
+    p) stages+=("prof=180=python3 $prof --new-tokens 1024 $inout --out \$OUT/prof") ;;
     ncu) stages+=("ncu=240=ncu --clock-control none --target-processes all --kernel-name regex:kevin_decode \
 --launch-skip 2400 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
 --section WarpStateStats --section SchedulerStats python3 $bench --new-tokens 64 $inout --out \$OUT/ncu_bench") ;;
-    5d) ab_stages "$bench" "${PART5D[@]}"
-        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     5) if [ $# -gt 0 ]; then ab_stages "$bench" "$@"; else ab_stages "$bench" "${PART5[@]}"; fi
        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT") ;;
     4a) stages+=("bench_sampler=300=python3 experiments/bench_sampler.py --models 0.5b --batches 64 --budget-s 270 \
