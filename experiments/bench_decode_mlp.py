@@ -121,9 +121,10 @@ def _versions(part: str, configs: str, interpret: bool = False) -> dict:
   if part == "oproj":
     versions = {"xla": xla_oproj}
     for c in configs.split(","):
-      bn, bk, nw, ns = (int(v) for v in c.split("x"))
-      versions[f"pallas {c}"] = (lambda o_, w_, bn=bn, bk=bk, nw=nw, ns=ns: _oproj(
-          o_, w_, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, interpret=interpret))
+      bn, bk, nw, ns, *bm = (int(v) for v in c.split("x"))  # an optional fifth field: block_m
+      versions[f"pallas {c}"] = (lambda o_, w_, bn=bn, bk=bk, nw=nw, ns=ns, bm=bm: _oproj(
+          o_, w_, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, interpret=interpret,
+          **({"block_m": bm[0]} if bm else {})))
     return versions
   if part == "front":
     versions = {"xla": xla_front}
@@ -159,7 +160,8 @@ def main(argv=None) -> None:
                   "32x64x0x4x3,64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = "
                   "pick_splits) x num_warps x num_stages (the first: the default)")
   ap.add_argument("--oproj-configs", default="16x128x4x3,16x128x4x5,16x128x4x7,32x128x4x5,16x64x4x7",
-                  help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages (the first: the default)")
+                  help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages [x block_m] (the first: the "
+                  "default)")
   add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)

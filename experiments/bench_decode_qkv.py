@@ -64,11 +64,11 @@ def xla_front(x, wq, wk, wv, bq, bk, bv, cos, sin, kc, vc, slot, norm):
 def _versions(configs: str, interpret: bool) -> dict:
   versions = {"xla": xla_front}
   for c in configs.split(","):
-    bm, bw, nw, ns = (int(v) for v in c.split("x"))
+    bm, bw, nw, ns, *bd = (int(v) for v in c.split("x"))  # an optional fifth field: block_d
     # XLA's norm (one fusion), then the kernel, as the model calls it.
-    versions[f"pallas {c}"] = (lambda x, *args, bm=bm, bw=bw, nw=nw, ns=ns: qkv_rope_cache(
+    versions[f"pallas {c}"] = (lambda x, *args, bm=bm, bw=bw, nw=nw, ns=ns, bd=bd: qkv_rope_cache(
         xla_norm(x, args[-1]), *args[:-1], block_m=bm, block_w=bw, num_warps=nw, num_stages=ns,
-        interpret=interpret))
+        interpret=interpret, **({"block_d": bd[0]} if bd else {})))
   return versions
 
 
@@ -104,8 +104,8 @@ def main(argv=None) -> None:
   ap.add_argument("--same-weights", action="store_true", help="every layer reads the first layer's weights (not its "
                   "cache), which stay in the L2 cache: the time with the weights prefetched into L2")
   ap.add_argument("--configs", default="64x16x4x5,64x16x4x3,32x16x4x3,16x16x4x3,64x32x4x3,64x16x2x3",
-                  help="Pallas versions: block_m x block_w x num_warps x num_stages, comma-separated (the first: the "
-                  "default)")
+                  help="Pallas versions: block_m x block_w x num_warps x num_stages [x block_d], comma-separated (the "
+                  "first: the default)")
   add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
