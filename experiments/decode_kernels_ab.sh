@@ -38,8 +38,6 @@
 #                                               # balanced ones (the default) by stages, split count, block size,
 #                                               # warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
-#   bash experiments/decode_kernels_ab.sh 5e    # part 5 with PART5E's variants: the splits merged in the o projection
-#                                               # kernel (the default) against XLA's merge fusion (~4 min at AB_S=210)
 #   bash experiments/decode_kernels_ab.sh p     # one traced generate call on `inout` (1,024 + 1,024 tokens): every
 #                                               # decode kernel's device time per step (profile_decode, ~1.5 min)
 #   bash experiments/decode_kernels_ab.sh ncu   # Nsight Compute on `inout`'s decode kernels in bench_sampler (step
@@ -117,10 +115,6 @@ PART5C=("inout:$inout" "fixed:$inout $attn_opts:balance=0" "bal3s:$inout $attn_o
 # are the default, so `inout` here is that, and `bal2sp` repeats it.
 PART5D=("inout:$inout" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3" "bal2:$inout $attn_opts:num_splits=2"
         "bal3sp:$inout $attn_opts:num_splits=3,num_stages=3")
-# PART5E (thirty-third session): the o projection kernel merges the attention's 2 splits itself
-# (decode_attention.SPLIT_OUT, the default: `inout` here) against XLA's merge fusion before it (split_out=0, the
-# default until then), and 4 splits with 2 stages merged in the o kernel.
-PART5E=("inout:$inout" "merged:$inout $attn_opts:split_out=0" "so4:$inout $attn_opts:num_splits=4,num_stages=2")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -139,7 +133,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p ncu 5a 5c 5d 5e n 2 2n 3 3b 5" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p ncu 5a 5c 5d n 2 2n 3 3b 5" \
        "4a 4 (see the header)" >&2
   exit 2
 }
@@ -170,10 +164,9 @@ for part in ${parts//+/ }; do
 $ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
-    n) stages+=("norm_tests=240=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
+    n) stages+=("norm_tests=200=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu \
 tests/test_policy_decode_oproj.py::test_padded_heads_triton_kernel_on_gpu \
-tests/test_policy_decode_oproj.py::test_split_partials_triton_kernel_on_gpu \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
@@ -186,7 +179,7 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
 --out \$OUT/mlp$tag")
         done
         ;;
-    5a|5c|5d|5e) variants="PART${part^^}[@]"  # PART5A, 5C, 5D or 5E, each against its `inout`
+    5a|5c|5d) variants="PART${part^^}[@]"  # PART5A, PART5C or PART5D, each against its `inout`
         ab_stages "$bench" "${!variants}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     p) stages+=("prof=180=python3 $prof --new-tokens 1024 $inout --out \$OUT/prof") ;;

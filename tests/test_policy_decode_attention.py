@@ -47,42 +47,16 @@ def test_unrolled_merge_matches_masked_einsum_fp32(splits, balance):
 @pytest.mark.parametrize("splits", [1, 2, 0])
 def test_padded_output_for_the_o_kernel(splits):
   """padded=True with q in decode_qkv's padded layout: one split returns its [B, K, 16, H] output as written (the
-  real rows first), several splits without split_out the merged [B, K, G, H]; the real rows equal the masked
-  einsum either way."""
+  real rows first), several splits the merged [B, K, G, H]; the real rows equal the masked einsum either way."""
   q, kc, vc, s = _case(jnp.float32)
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, 16 - q.shape[2]), (0, 0)))
   ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(40), gen_start=128)
-  got = decode_attention(q_pad, kc, vc, ranges, groups=7, padded=True, num_splits=splits, split_out=False,
-                         interpret=True)
+  got = decode_attention(q_pad, kc, vc, ranges, groups=7, padded=True, num_splits=splits, interpret=True)
   assert got.shape == (3, 2, 16 if splits == 1 else 7, 64)
   want = _decode_attend(q, kc, vc, ranges.mask(s), True)
   np.testing.assert_allclose(np.asarray(got[:, :, :7]), np.asarray(want), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="padded=True needs groups"):
     decode_attention(q, kc, vc, ranges, padded=True, interpret=True)
-
-
-@pytest.mark.parametrize("splits,gen_len", [(2, 40), (2, 1), (3, 65), (8, 65)])
-def test_split_out_partials_merge_to_the_attention(splits, gen_len):
-  """split_out (the default with padded and several splits): each split's own softmax output and log-sum-exp;
-  merged with weights exp(lse_s) / sum exp(lse) (float64 here) they equal the masked einsum. A split that saw
-  nothing (8 balanced splits of 2-4 visible blocks, 3 of row 1's 4) has output 0 and lse -inf, never NaN; 2
-  splits of 2-4 blocks are never empty. With one split there is nothing to merge: the output as written."""
-  q, kc, vc, s = _case(jnp.float32)
-  q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, 16 - q.shape[2]), (0, 0)))
-  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(gen_len), gen_start=128)
-  o, lse = decode_attention(q_pad, kc, vc, ranges, groups=7, padded=True, num_splits=splits, interpret=True)
-  assert o.shape == (3, 2, splits, 16, 64) and o.dtype == jnp.float32 and lse.shape == (3, 2, splits, 16)
-  o, lse = np.asarray(o, np.float64), np.asarray(lse, np.float64)
-  assert not np.isnan(o).any() and not np.isnan(lse).any() and not np.isposinf(lse).any()
-  empty = np.isneginf(lse)
-  assert empty.any() == (splits != 2)  # 3 splits: row 1's 4 blocks go 2, 2, 0
-  assert np.all(o[empty] == 0)
-  w = np.exp(lse - lse.max(axis=2, keepdims=True))
-  merged = (o * w[..., None]).sum(axis=2) / w.sum(axis=2)[..., None]
-  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
-  np.testing.assert_allclose(merged[:, :, :7], np.asarray(want), rtol=1e-5, atol=1e-5)
-  one = decode_attention(q_pad, kc, vc, ranges, groups=7, padded=True, num_splits=1, interpret=True)
-  assert not isinstance(one, tuple) and one.shape == (3, 2, 16, 64)
 
 
 def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
@@ -135,20 +109,16 @@ def test_sampler_same_tokens_with_the_kernel():
   assert_sampler_same_with_kernel("decode_attention", head_dim=16)
 
 
-@pytest.mark.parametrize("balance,merge,splits,split_out", [(False, "reduce", 0, False), (True, "reduce", 0, False),
-                                                            (True, "unrolled", 0, False), (False, "reduce", 1, False),
-                                                            (True, "reduce", 0, True)])
+@pytest.mark.parametrize("balance,merge,splits", [(False, "reduce", 0), (True, "reduce", 0), (True, "unrolled", 0),
+                                                  (False, "reduce", 1)])
 @pytest.mark.parametrize("slots", [2048, 1088])
-def test_lowers_to_triton(balance, merge, splits, split_out, slots):
+def test_lowers_to_triton(balance, merge, splits, slots):
   """The kernel lowers through Pallas' Triton backend for a GPU target (on the CPU: no device needed) at the
   0.5B shape, B = 64, with a cache of a power of two of slots and not (1,024 prompt + 64 generated); one split
-  writes its output itself (no partials); split_out: the splits' outputs and log-sum-exps, q in decode_qkv's
-  padded layout."""
+  writes its output itself (no partials)."""
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
   ranges = SlotRanges(prompt_len_B=spec(64, dtype=jnp.int32), gen_len=spec(dtype=jnp.int32), gen_start=1024)
-  groups = dict(groups=7, padded=True) if split_out else {}
-  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, merge=merge, num_splits=splits, **groups)
-  q = spec(64, 2, 16 if split_out else 7, 64)
-  text = jax.jit(fn).trace(q, spec(64, 2, slots, 64), spec(64, 2, slots, 64), ranges).lower(
+  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, merge=merge, num_splits=splits)
+  text = jax.jit(fn).trace(spec(64, 2, 7, 64), spec(64, 2, slots, 64), spec(64, 2, slots, 64), ranges).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1

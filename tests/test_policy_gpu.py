@@ -129,19 +129,17 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge, sp
   np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm", "decode_out", "decode_out+splits"])
+@pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm", "decode_out"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, request, dtype, field):
   """ModelConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
   q/k/v kernel's smallest batch): decode_qkv (the fused q/k/v projection, RoPE and cache write) and decode_add_norm
   (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on), decode_out (the o projection
-  + residual kernel; q/k/v 'auto'; the attention in one split, so the kernel reads its padded output; with
-  '+splits' in its default splits, whose outputs the kernel merges: decode_attention's split_out). The greedy
-  tokens of the XLA path in fp32; in bf16 the log-probs of a float32 forward pass, as
-  test_bf16_sampler_on_gpu_matches_fp32_forward."""
+  + residual kernel; q/k/v 'auto'; the attention in one split, so the kernel reads its padded output). The greedy
+  tokens of the XLA
+  path in fp32; in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
   dev = _gpu()
-  field, _, splits = field.partition("+")
-  if field == "decode_out" and not splits:
+  if field == "decode_out":
     from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
     monkeypatch.setattr(attn_lib, "decode_attention", functools.partial(attn_lib.decode_attention, num_splits=1))
     request.getfixturevalue("fresh_jit_caches")  # no decode loop compiled with the unpatched kernel is reused

@@ -68,7 +68,6 @@ _TARGET_PROGRAMS = 256  # ~2 programs per SM (132 SMs): 2 splits at B = 64, K = 
 NUM_STAGES = 3  # Pipeline stages of the K/V loads: with 2 splits, 3 beat 2 by 4.0 % (H100, thirty-second session).
 BALANCE = True  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
 MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
-SPLIT_OUT = True  # With `padded` and several splits: the splits' outputs for decode_oproj to merge (docstring).
 _MERGES = ("reduce", "unrolled")
 
 
@@ -103,8 +102,7 @@ def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
 
 def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_start: int, split_len: int,
             block_k: int, scale: float, balance: bool, splits: int):
-  """stat_refs: the partial's running max and sum; or its log-sum-exp alone (split_out: o_ref then takes the
-  split's normalized output); none with one split, which writes the normalized output."""
+  """stat_refs: the partial's running max and sum; none with one split, which writes the normalized output."""
   b, s = pl.program_id(0), pl.program_id(2)
   plen = plen_ref[b]
   glen = glen_ref[0]
@@ -157,12 +155,6 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_star
   if not stat_refs:  # one split: the softmax is complete (every row sees at least one slot)
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
     return
-  if len(stat_refs) == 1:  # split_out: this split's own softmax output and its log-sum-exp, for decode_oproj
-    (lse_ref,) = stat_refs
-    seen = l > 0  # an empty split: output 0 (not 0/0) and lse -inf, so its merge weight is exactly 0
-    o_ref[...] = jnp.where(seen[:, None], acc / jnp.where(seen, l, 1.0)[:, None], 0.0).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
-    return
   m_ref, l_ref = stat_refs
   o_ref[...] = acc
   m_ref[...] = m
@@ -195,22 +187,19 @@ def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: 
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "padded", "balance", "merge",
-                                             "split_out", "num_warps", "num_stages", "interpret"))
+                                             "num_warps", "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
                      block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, padded: bool = False,
-                     balance: bool = BALANCE, merge: str = MERGE, split_out: bool = SPLIT_OUT, num_warps: int = 4,
-                     num_stages: int = NUM_STAGES, interpret: bool = False) -> Array | tuple[Array, Array]:
+                     balance: bool = BALANCE, merge: str = MERGE, num_warps: int = 4, num_stages: int = NUM_STAGES,
+                     interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
   groups > 0: q is already padded, [B, K, padded_rows(groups), H] with the real rows first (decode_qkv writes it
   so); G = groups. padded (with groups): the caller takes [B, K, padded_rows(groups), H] too, the padding rows'
   values meaningless (decode_oproj's `groups` reads only the real rows). One split then returns its output as
-  written (slicing the real rows would be a copy); several splits return [B, K, G, H] (the merge fusion drops
-  the padding rows as it reads, and more rows would only cost it), or with split_out the splits unmerged: (o
-  [B, K, splits, padded_rows(groups), H] in q's dtype, each split's own softmax output (0 for a split that saw
-  nothing), lse [B, K, splits, padded_rows(groups)] fp32, its log-sum-exp of the scores (-inf if it saw
-  nothing)), which decode_oproj.out_proj_residual(lse=...) merges as it projects. merge: how the splits are
-  combined otherwise (merge_splits).
+  written (slicing the real rows would be a copy); several splits return [B, K, G, H] anyway (the merge fusion
+  drops the padding rows as it reads, and more rows would only cost it). merge: how the splits are combined
+  (merge_splits).
   """
   if merge not in _MERGES:
     raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
@@ -236,19 +225,8 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   kv_len = s if balance else split_len
   kv_map = (lambda i, j, t: (i, j, 0, 0)) if balance else (lambda i, j, t: (i, j, t, 0))
   stats = splits > 1  # one split writes the output itself: no partials, no merge
-  split_out = stats and padded and split_out
   part_spec = pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0))
   stat_spec = pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0))
-  if split_out:
-    out_specs, out_shape = [part_spec, stat_spec], [jax.ShapeDtypeStruct((b, kh, splits, gp, h), q_BxKxGxH.dtype),
-                                                    jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)]
-  elif stats:
-    out_specs = [part_spec, stat_spec, stat_spec]
-    out_shape = [jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32)] + [
-        jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)] * 2
-  else:
-    out_specs = [pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0))]
-    out_shape = [jax.ShapeDtypeStruct((b, kh, gp, h), q_BxKxGxH.dtype)]
   outs = pl.pallas_call(
       kernel,
       grid=(b, kh, splits),
@@ -259,8 +237,13 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
           pl.BlockSpec((None, None, kv_len, h), kv_map),
           pl.BlockSpec((None, None, kv_len, h), kv_map),
       ],
-      out_specs=out_specs,
-      out_shape=out_shape,
+      out_specs=[part_spec, stat_spec, stat_spec] if stats else
+      [pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0))],
+      out_shape=[
+          jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+      ] if stats else [jax.ShapeDtypeStruct((b, kh, gp, h), q_BxKxGxH.dtype)],
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_attention",
@@ -268,8 +251,6 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
     k_BxKxSxH, v_BxKxSxH)
   if not stats:  # one split: the output as written, or its real rows
     return outs[0] if padded else outs[0][:, :, :g]
-  if split_out:
-    return tuple(outs)
   o, m, l = outs
   # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
   # the slice into the merge instead of launching a separate slice kernel per layer).

@@ -43,37 +43,19 @@ def supported(inner: int, hidden: int) -> bool:
   return pick_block(inner, BLOCK_K) > 0 and pick_block(hidden, BLOCK_N) > 0
 
 
-def _kernel(o_ref, w_ref, h_ref, *refs, block_k: int, groups: int, padded: int, head_dim: int, splits: int):
+def _kernel(o_ref, w_ref, h_ref, out_ref, *, block_k: int, groups: int, padded: int, head_dim: int):
   """groups > 0: o holds `padded` rows per KV head of head_dim each, the first `groups` real; the loop takes one
-  real head per iteration, skipping the padding. splits > 0: o holds `splits` such blocks per KV head, each
-  split's own softmax output, and refs[0] their log-sum-exps [rows, K * splits * padded]: head t's output is
-  sum_s w_s o_s with w_s = exp(lse_s - max) / sum(exp(lse - max)), applied to each split's product o_s @ W
-  (linear), so the loaded o slices go to the dots as they are."""
-  *lse_ref, out_ref = refs
+  real head per iteration, skipping the padding."""
   if not groups:
     acc = decode_tiles.dot_loop(o_ref, w_ref, block_k)
   else:
     exact = decode_tiles.EXACT if w_ref.dtype == jnp.float32 else None
-    dot = lambda a, b: jax.lax.dot(a, b, precision=exact, preferred_element_type=jnp.float32)
-    cols = jnp.arange(padded)[None, :]
 
     def body(t, acc):
-      kv, g = jax.lax.div(t, groups), jax.lax.rem(t, groups)
+      row = jax.lax.div(t, groups) * padded + jax.lax.rem(t, groups)  # head t's row in o's [K, padded] layout
+      xs = o_ref[:, pl.ds(pl.multiple_of(row * head_dim, head_dim), head_dim)]
       ws = w_ref[pl.ds(pl.multiple_of(t * head_dim, head_dim), head_dim), :]
-      if not splits:
-        row = kv * padded + g  # head t's row in o's [K, padded] layout
-        return acc + dot(o_ref[:, pl.ds(pl.multiple_of(row * head_dim, head_dim), head_dim)], ws)
-      starts = [(kv * splits + s) * padded for s in range(splits)]  # split s's block of rows in [K, splits, padded]
-      # Each split's lse of head t: column g of its padded block ([rows, padded] loads: matmul-sized tiles).
-      lse = [jnp.max(jnp.where(cols == g, lse_ref[0][:, pl.ds(pl.multiple_of(r, padded), padded)], -jnp.inf),
-                     axis=1) for r in starts]
-      top = functools.reduce(jnp.maximum, lse)
-      e = [jnp.exp(x - top) for x in lse]
-      inv = 1.0 / functools.reduce(jnp.add, e)
-      for r, es in zip(starts, e):
-        xs = o_ref[:, pl.ds(pl.multiple_of((r + g) * head_dim, head_dim), head_dim)]
-        acc += (es * inv)[:, None] * dot(xs, ws)
-      return acc
+      return acc + jax.lax.dot(xs, ws, precision=exact, preferred_element_type=jnp.float32)
 
     heads = w_ref.shape[0] // head_dim
     acc = jax.lax.fori_loop(0, heads, body, jnp.zeros((o_ref.shape[0], w_ref.shape[1]), jnp.float32))
@@ -82,29 +64,17 @@ def _kernel(o_ref, w_ref, h_ref, *refs, block_k: int, groups: int, padded: int, 
 
 @functools.partial(jax.jit, static_argnames=("groups", "block_n", "block_k", "block_m", "num_warps", "num_stages",
                                              "interpret"))
-def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, lse_BxKxSxG: Array | None = None, *,
-                      groups: int = 0, block_n: int = BLOCK_N, block_k: int = BLOCK_K, block_m: int = BLOCK_M,
-                      num_warps: int = 4, num_stages: int = 3, interpret: bool = False) -> Array:
+def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, *, groups: int = 0, block_n: int = BLOCK_N,
+                      block_k: int = BLOCK_K, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
+                      interpret: bool = False) -> Array:
   """h + o @ w_o: o [B, N, H] (the attention's heads), w_o [N, H, D] as the model stores it, h [B, D]; returns
   [B, D] in h's dtype (fp32 accumulation and add, one rounding).
 
   groups > 0: o is decode_attention's padded layout [B, K, G_pad, H] with the groups = N / K real heads of each
-  KV head first; the kernel reads only those (no slice of o before it). With lse_BxKxSxG (and groups), o is
-  decode_attention's split_out: [B, K, S, G_pad, H], each of S splits' own softmax output, with their fp32
-  log-sum-exps [B, K, S, G_pad]; the kernel merges the splits as it projects (module docstring).
+  KV head first; the kernel reads only those (no slice of o before it).
   """
-  splits = 0
-  if lse_BxKxSxG is not None:
-    if not groups:
-      raise ValueError("lse_BxKxSxG needs groups (o in decode_attention's split_out layout)")
-    b, kh, splits, padded, hd = o_BxNxH.shape
-    if lse_BxKxSxG.shape != (b, kh, splits, padded):
-      raise ValueError(f"lse must be [B={b}, K={kh}, S={splits}, G_pad={padded}], got {lse_BxKxSxG.shape}")
-    if padded & (padded - 1):
-      raise ValueError(f"split_out's rows per KV head must be a power of two, got {padded}")
-  elif groups:
-    b, kh, padded, hd = o_BxNxH.shape
   if groups:
+    b, kh, padded, hd = o_BxNxH.shape
     n = kh * groups
     if padded < groups:
       raise ValueError(f"o holds {padded} rows per KV head, fewer than groups={groups}")
@@ -121,24 +91,20 @@ def out_proj_residual(o_BxNxH: Array, w_o_NxHxD: Array, h_BxD: Array, lse_BxKxSx
   if not (block_k and block_n) or (groups and hd % 16):
     raise ValueError(f"out_proj_residual needs N*H ({inner}), D ({d}) and with groups H ({hd}) multiples of 16")
   mp, bm = decode_tiles.row_tiles(b, block_m)
-  width = o_BxNxH.size // b  # o's columns: N*H, or K*G_pad*H with groups (K*S*G_pad*H with lse)
+  width = o_BxNxH.size // b  # o's columns: N*H, or K*G_pad*H with groups
   o = decode_tiles.pad_rows(o_BxNxH.reshape(b, width).astype(w_o_NxHxD.dtype), mp)
-  lse, lse_specs = [], []
-  if splits:  # padding rows: lse 0 (finite), o 0
-    lse = [decode_tiles.pad_rows(lse_BxKxSxG.reshape(b, -1).astype(jnp.float32), mp)]
-    lse_specs = [pl.BlockSpec((bm, lse[0].shape[1]), lambda i, j: (i, 0))]
   out = pl.pallas_call(
-      functools.partial(_kernel, block_k=block_k, groups=groups, padded=padded, head_dim=hd, splits=splits),
+      functools.partial(_kernel, block_k=block_k, groups=groups, padded=padded, head_dim=hd),
       grid=(mp // bm, d // block_n),
       in_specs=[
           pl.BlockSpec((bm, width), lambda i, j: (i, 0)),
           pl.BlockSpec((inner, block_n), lambda i, j: (0, j)),
           pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
-      ] + lse_specs,
+      ],
       out_specs=pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
       out_shape=jax.ShapeDtypeStruct((mp, d), h_BxD.dtype),
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_oproj",
-  )(o, w_o_NxHxD.reshape(inner, d), decode_tiles.pad_rows(h_BxD, mp), *lse)
+  )(o, w_o_NxHxD.reshape(inner, d), decode_tiles.pad_rows(h_BxD, mp))
   return out[:b]

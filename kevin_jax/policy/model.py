@@ -201,8 +201,7 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
 
   groups > 0: q holds that many real query rows per KV head, then zero rows up to decode_attention's padded
   count (decode_qkv's layout); returns [B, K, groups, H] either way, or with `padded` possibly [B, K, G_pad, H]
-  (the Pallas kernel with one split; the padding rows meaningless) or the Pallas kernel's splits unmerged, a tuple
-  (o, lse) for decode_oproj (decode_attention's split_out): callers check.
+  (the Pallas kernel with one split; the padding rows meaningless): callers check the shape.
   """
   s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
@@ -319,7 +318,6 @@ class Attention(nnx.Module):
     qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
     out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     o_groups = 0  # > 0: o is [B, K, G_pad, H] with that many real heads per KV head (the o kernel's layout)
-    lse = None  # with o_groups: the attention's splits' log-sum-exps, o then [B, K, splits, G_pad, H]
     if qkv == "xla":
       normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
       o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
@@ -333,18 +331,14 @@ class Attention(nnx.Module):
         x_BxD, kernel_norm = (norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD)[:, 0], None
       o_BxKxGxH, new_kv = self._fused_decode(x_BxD, positions_BxT, cache_kv, interpret=qkv == "interpret",
                                              norm=kernel_norm, padded=out != "xla")
-      if isinstance(o_BxKxGxH, tuple):  # the attention's splits unmerged (split_out), with their log-sum-exps
-        o_BxKxGxH, lse = o_BxKxGxH
-        o_groups = cfg.num_groups
-      elif o_BxKxGxH.shape[2] != cfg.num_groups:
+      if o_BxKxGxH.shape[2] != cfg.num_groups:
         o_groups = cfg.num_groups
       else:
         o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
     w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
     if out != "xla":
       o = o_BxKxGxH if o_groups else o_BxTxNxH[:, 0]
-      h_BxD = decode_oproj.out_proj_residual(o, w_o, x_BxTxD[:, 0], lse, groups=o_groups,
-                                             interpret=out == "interpret")
+      h_BxD = decode_oproj.out_proj_residual(o, w_o, x_BxTxD[:, 0], groups=o_groups, interpret=out == "interpret")
       return h_BxD[:, None], new_kv
     return x_BxTxD + jnp.einsum("btnh,nhd->btd", o_BxTxNxH, w_o), new_kv
 
