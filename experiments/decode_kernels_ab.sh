@@ -38,6 +38,9 @@
 #                                               # balanced ones (the default) by stages, split count, block size,
 #                                               # warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
+#   bash experiments/decode_kernels_ab.sh o     # the o projection, q/k/v and down kernels alone by loop length and
+#                                               # program count, then the o kernel's row blocks end to end (PART5O;
+#                                               # ~7 min at AB_S=210)
 #   bash experiments/decode_kernels_ab.sh p     # one traced generate call on `inout` (1,024 + 1,024 tokens): every
 #                                               # decode kernel's device time per step (profile_decode, ~1.5 min)
 #   bash experiments/decode_kernels_ab.sh ncu   # Nsight Compute on `inout`'s decode kernels in bench_sampler (step
@@ -115,6 +118,15 @@ PART5C=("inout:$inout" "fixed:$inout $attn_opts:balance=0" "bal3s:$inout $attn_o
 # are the default, so `inout` here is that, and `bal2sp` repeats it.
 PART5D=("inout:$inout" "bal2sp:$inout $attn_opts:num_splits=2,num_stages=3" "bal2:$inout $attn_opts:num_splits=2"
         "bal3sp:$inout $attn_opts:num_splits=3,num_stages=3")
+# Part o (thirty-third session): is a small-weight kernel's time its loop's length or its programs' bytes? The o
+# projection alone by reduction block (7, 14, 28 iterations) and row block (56, 112, 224 programs); q/k/v by D block
+# (7 or 14 iterations) and row block; down by splits x reduction block (19 iterations of 64 or of 128) and by
+# column block (56, 112, 224 programs). Then PART5O end to end: the o kernel in 32- and 16-row blocks.
+OPROJ_SWEEP="16x128x4x3,16x64x4x3,16x32x4x3,16x128x4x3x32,16x128x4x3x16,32x128x4x3,16x128x4x5x16,16x128x2x3x16"
+QKV_SWEEP="64x16x4x5,64x16x4x5x64,64x16x4x5x32,32x16x4x5,16x16x4x5"
+DOWN_SWEEP="64x64x4x4x5,64x128x2x4x5,64x64x2x4x5,32x64x4x4x5,16x64x4x4x5"
+PART5O=("inout:$inout" "om32:$inout --kernel-opts decode_oproj.out_proj_residual:block_m=32"
+        "om16:$inout --kernel-opts decode_oproj.out_proj_residual:block_m=16")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -133,7 +145,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h p ncu 5a 5c 5d n 2 2n 3 3b 5" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p ncu 5a 5c 5d n 2 2n 3 3b 5" \
        "4a 4 (see the header)" >&2
   exit 2
 }
@@ -182,6 +194,12 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
     5a|5c|5d) variants="PART${part^^}[@]"  # PART5A, PART5C or PART5D, each against its `inout`
         ab_stages "$bench" "${!variants}"
         stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
+    o) stages+=("mlp=150=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts oproj,down \
+--oproj-configs $OPROJ_SWEEP --down-configs $DOWN_SWEEP --out \$OUT/mlp"
+                "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $QKV_SWEEP \
+--out \$OUT/qkv")
+       ab_stages "$bench" "${PART5O[@]}"
+       stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
     p) stages+=("prof=180=python3 $prof --new-tokens 1024 $inout --out \$OUT/prof") ;;
     ncu) stages+=("ncu=240=ncu --clock-control none --target-processes all --kernel-name regex:kevin_decode \
 --launch-skip 2400 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
