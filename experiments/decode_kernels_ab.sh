@@ -58,8 +58,8 @@
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
 #                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
-#                                               # norm inside), the attention kernel's, the o projection's on
-#                                               # the attention's padded layout, the sampler with each kernel
+#                                               # norm inside), the attention kernel's, the o projection's and
+#                                               # the q/k/v kernel's own, the sampler with each kernel (~4 min)
 #   bash experiments/decode_kernels_ab.sh 4a    # the issue's benchmark on its goal's case: 0.5B, B = 64
 #   bash experiments/decode_kernels_ab.sh 4     # the issue's whole benchmark table (0.5B and 1.5B, B 64/256)
 #
@@ -176,10 +176,9 @@ for part in ${parts//+/ }; do
 $ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     1q) stages+=("$(qkv_stage 60)" "$(mlp_stage 140 front,down)" "$winners") ;;  # for later stages of the call
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
-    n) stages+=("norm_tests=200=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
-tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu \
-tests/test_policy_decode_oproj.py::test_padded_heads_triton_kernel_on_gpu \
-tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
+    n) stages+=("norm_tests=300=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
+tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu tests/test_policy_decode_oproj.py \
+tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;

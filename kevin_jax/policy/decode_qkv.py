@@ -79,21 +79,26 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
   n_q = num_heads * per_head
   n_kv = num_kv_heads * per_head
   rows = pl.ds(pl.multiple_of(i * bm, bm), bm)
+  # Every load the epilogue needs (the slot, biases, cos/sin) is issued before the dot loop, so that its latency
+  # overlaps the loop's instead of following it.
+  slot = slot_ref[0]
 
-  def project(w_ref, b_ref, head, p):
-    """fp32 (x @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`."""
+  def project(w_ref, b_ref, head, p, rope: bool):
+    """fp32 (x @ W + b) on the two half-head column blocks [p*w, (p+1)*w) and [half + p*w, ...) of `head`, rotated
+    if `rope`."""
     c1 = pl.multiple_of(head * head_dim + p * block_w, block_w)
     c2 = pl.multiple_of(c1 + half, block_w)
+    b1 = b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
+    b2 = b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
+    if rope:
+      cols = pl.ds(pl.multiple_of(p * block_w, block_w), block_w)
+      cos, sin = cos_ref[:, cols], sin_ref[:, cols]
     a1, a2 = decode_tiles.dot_pair(x_ref, lambda ks: w_ref[ks, pl.ds(c1, block_w)],
                                    lambda ks: w_ref[ks, pl.ds(c2, block_w)], block_w, block_d, r_ref, rms_eps)
-    a1 += b_ref[pl.ds(c1, block_w)].astype(jnp.float32)[None, :]
-    a2 += b_ref[pl.ds(c2, block_w)].astype(jnp.float32)[None, :]
+    a1, a2 = a1 + b1, a2 + b2
+    if rope:
+      return a1 * cos - a2 * sin, a2 * cos + a1 * sin
     return a1, a2
-
-  def rotate(a1, a2, p):
-    cols = pl.ds(pl.multiple_of(p * block_w, block_w), block_w)
-    cos, sin = cos_ref[:, cols], sin_ref[:, cols]
-    return a1 * cos - a2 * sin, a2 * cos + a1 * sin
 
   def store(ref, idx_head, idx_slot, p, r1, r2):
     c1 = pl.ds(pl.multiple_of(p * block_w, block_w), block_w)
@@ -104,7 +109,7 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
   @pl.when(j < n_q)
   def _q():
     head, p = j // per_head, j % per_head
-    r1, r2 = rotate(*project(wq_ref, bq_ref, head, p), p)
+    r1, r2 = project(wq_ref, bq_ref, head, p, rope=True)
     kv, g = head // groups, head % groups
     store(q_ref, kv, g, p, r1, r2)
     gp = q_ref.shape[2]
@@ -115,18 +120,16 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
         for r in range(groups, gp):
           q_ref[rows, kv, r, :] = zeros
 
-  slot = slot_ref[0]
-
   @pl.when((j >= n_q) & (j < n_q + n_kv))
   def _k():
     head, p = (j - n_q) // per_head, (j - n_q) % per_head
-    r1, r2 = rotate(*project(wk_ref, bk_ref, head, p), p)
+    r1, r2 = project(wk_ref, bk_ref, head, p, rope=True)
     store(kc_ref, head, slot, p, r1, r2)
 
   @pl.when(j >= n_q + n_kv)
   def _v():
     head, p = (j - n_q - n_kv) // per_head, (j - n_q - n_kv) % per_head
-    r1, r2 = project(wv_ref, bv_ref, head, p)
+    r1, r2 = project(wv_ref, bv_ref, head, p, rope=False)
     store(vc_ref, head, slot, p, r1, r2)
 
 

@@ -71,6 +71,8 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None,
   """
   m, d = x_ref.shape
   sumsq = rms_eps is not None
+  # Loaded before the loop: a load issued after it waits its whole latency once the loop is done.
+  r = inv_rms_ref[...] if inv_rms_ref is not None else None
 
   def body(t, carry):
     a1, a2, g = carry
@@ -87,11 +89,9 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None,
   zeros = jnp.zeros((m, cols), jnp.float32)
   gram = jnp.zeros((m, m) if sumsq else (1, 1), jnp.float32)
   a1, a2, gram = jax.lax.fori_loop(0, d // block_d, body, (zeros, zeros, gram))
-  if inv_rms_ref is not None:
-    r = inv_rms_ref[...]
-  elif sumsq:
+  if r is None:
+    if not sumsq:
+      return a1, a2
     eye = jnp.arange(m)[:, None] == jnp.arange(m)[None, :]
     r = jax.lax.rsqrt(jnp.sum(jnp.where(eye, gram, 0.0), axis=1) / d + rms_eps)
-  else:
-    return a1, a2
   return a1 * r[:, None], a2 * r[:, None]
