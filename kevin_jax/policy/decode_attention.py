@@ -148,9 +148,12 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_star
     a0, a1 = lo // block_k, (jnp.minimum(hi, plen) + block_k - 1) // block_k
     b0 = jnp.maximum(lo, gen_start) // block_k
     b1 = (jnp.minimum(hi, gend) + block_k - 1) // block_k
-  # Prompt blocks in this split, then generated blocks (disjoint: gen_start is a multiple of block_k).
-  carry = jax.lax.fori_loop(a0, jnp.maximum(a0, a1), block, carry)
-  carry = jax.lax.fori_loop(b0, jnp.maximum(b0, b1), block, carry)
+  # Prompt blocks [a0, a1) in this split, then generated blocks [b0, b1) (disjoint: gen_start is a multiple of
+  # block_k), in one loop: two loops would each fill and drain the loads' pipeline, exposing one more memory latency
+  # in every program whose split holds both kinds (most of a decode, with balanced splits).
+  n_a = jnp.maximum(a1 - a0, 0)
+  carry = jax.lax.fori_loop(0, n_a + jnp.maximum(b1 - b0, 0),
+                            lambda i, c: block(jnp.where(i < n_a, a0 + i, b0 + i - n_a), c), carry)
   acc, m, l = carry
   if not stat_refs:  # one split: the softmax is complete (every row sees at least one slot)
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
