@@ -160,8 +160,8 @@ def main(argv=None) -> None:
                   "32x64x0x4x3,64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = "
                   "pick_splits) x num_warps x num_stages (the first: the default)")
   ap.add_argument("--oproj-configs", default="16x128x4x3,16x128x4x5,16x128x4x7,32x128x4x5,16x64x4x7",
-                  help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages [x block_m] (the first: the "
-                  "default)")
+                  help="oproj's Pallas versions: block_n x block_k x num_warps x num_stages [x block_m] (the "
+                  "first: the default)")
   add_round_args(ap)
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)

@@ -65,6 +65,7 @@
 #
 # Parts join with '+' into one call (one machine start), e.g. `AB_S=360 bash experiments/decode_kernels_ab.sh 5+2n
 # VARIANTS...`; AB_S (default 540) is the seconds parts 3 and 5 share among their runs, TESTS_S part 2n's limit.
+# A bench_sampler run took 18-32 s on an H100 (2026-12-06; 28 s limits cut 4 of 6 runs): give each >= 40 s.
 # Results: $OUT/<stage>/ and the stage logs (gpu_session.sh); `python3 experiments/decode_ab_table.py <stage dirs>`
 # puts part 3's runs side by side. Part 1's first config of each kernel is the current default.
 set -u
@@ -178,7 +179,8 @@ $ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     n) stages+=("norm_tests=300=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu tests/test_policy_decode_oproj.py \
-tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
+tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu \
+tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;

@@ -41,6 +41,15 @@ session); `merge='unrolled'` writes the same sums as a chain of elementwise ops 
 XLA's GEMM fusion may take into the o projection's operand, dropping that kernel. The two agree to fp32 rounding
 (tests). End to end on an H200 the unrolled merge gained nothing: bench_sampler at 0.5B, B = 64 ran 46,896 against
 46,943 decode tok/s with 'reduce' (BENCHMARKS.md "Sampler", twenty-sixth session), so 'reduce' stays the default.
+Merging inside the o projection kernel instead (each split's own output in bf16 and its log-sum-exp; the kernel
+weighed each split's product) was correct on an H100 but ran 40,968 against 43,689 decode tok/s (-6.2 %): the o
+kernel, loading two slices and the weights' inputs per head, took longer than the merge fusion it removed
+(thirty-third session; reverted).
+
+A split walks its prompt blocks and then its generated blocks in one loop (the loop index mapped to either), so
+the loads' pipeline fills and drains once per program; with two loops a split holding both (split 1 of 2 for most
+of a decode) exposed one more load latency. On an H100 the one loop ran 44,604 against 44,452 decode tok/s (+0.3 %,
+within the runs' spread; thirty-third session).
 
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
