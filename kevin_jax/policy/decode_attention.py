@@ -43,7 +43,7 @@ XLA's GEMM fusion may take into the o projection's operand, dropping that kernel
 46,943 decode tok/s with 'reduce' (BENCHMARKS.md "Sampler", twenty-sixth session), so 'reduce' stays the default.
 Merging inside the o projection kernel instead (each split's own output in bf16 and its log-sum-exp; the kernel
 weighed each split's product) was correct on an H100 but ran 40,968 against 43,689 decode tok/s (-6.2 %): the o
-kernel, loading two slices and the weights' inputs per head, took longer than the merge fusion it removed
+kernel, loading two o slices and their log-sum-exps per head, grew by more than the merge fusion it removed
 (thirty-third session; reverted).
 
 A split walks its prompt blocks and then its generated blocks in one loop (the loop index mapped to either), so
