@@ -150,15 +150,17 @@ usage() {
        "4a 4 (see the header)" >&2
   exit 2
 }
-# Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT; mlp_stage LIMIT PARTS), and the stage that
-# writes their winners' --kernel-opts value to $OUT/winners.txt for later stages of the same call.
+# Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT [CONFIGS]; mlp_stage LIMIT PARTS
+# [DOWN_CONFIGS [MORE FLAGS]]; part o passes its sweeps), and the stage that writes their winners' --kernel-opts
+# value to $OUT/winners.txt for later stages of the same call; the A/B table against `inout` (parts 5a-5d, o).
 qkv_stage() {
-  echo "qkv=$1=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $qkv --out \$OUT/qkv"
+  echo "qkv=$1=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs ${2:-$qkv} --out \$OUT/qkv"
 }
 mlp_stage() {
   echo "mlp=$1=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts $2 --configs $front \
---down-configs $down --out \$OUT/mlp"
+--down-configs ${3:-$down} ${4:+$4 }--out \$OUT/mlp"
 }
+table_inout="table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout"
 winners="winners=15=python3 experiments/decode_winners.py \$OUT --write \$OUT/winners.txt"
 [ "${1:-}" = prep ] && { rm -rf .ab_base && mkdir .ab_base && git archive "$BASE" kevin_jax \
   experiments/profile_decode.py experiments/xla_profile.py | tar -x -C .ab_base && \
@@ -194,13 +196,11 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
         ;;
     5a|5c|5d) variants="PART${part^^}[@]"  # PART5A, PART5C or PART5D, each against its `inout`
         ab_stages "$bench" "${!variants}"
-        stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
-    o) stages+=("mlp=150=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts oproj,down \
---oproj-configs $OPROJ_SWEEP --down-configs $DOWN_SWEEP --out \$OUT/mlp"
-                "qkv=80=python3 experiments/bench_decode_qkv.py --shapes 0.5b --batches 64 --configs $QKV_SWEEP \
---out \$OUT/qkv")
+        stages+=("$table_inout") ;;
+    o) stages+=("$(mlp_stage 150 oproj,down "$DOWN_SWEEP" "--oproj-configs $OPROJ_SWEEP")"
+                "$(qkv_stage 80 "$QKV_SWEEP")")
        ab_stages "$bench" "${PART5O[@]}"
-       stages+=("table5=20=python3 experiments/bench_ab_table.py \$OUT --base inout") ;;
+       stages+=("$table_inout") ;;
     p) stages+=("prof=180=python3 $prof --new-tokens 1024 $inout --out \$OUT/prof") ;;
     ncu) stages+=("ncu=240=ncu --clock-control none --target-processes all --kernel-name regex:kevin_decode \
 --launch-skip 2400 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
