@@ -38,6 +38,9 @@
 #                                               # balanced ones (the default) by stages, split count, block size,
 #                                               # warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
+#   bash experiments/decode_kernels_ab.sh 5s    # part 5 with PART5S's variants: the sampling step's chunk statistics
+#                                               # in one Pallas pass, the SwiGLU front with 132 programs, both
+#                                               # (~6 min at AB_S=360)
 #   bash experiments/decode_kernels_ab.sh o     # the o projection, q/k/v and down kernels alone by loop length and
 #                                               # program count, then the o kernel's row blocks end to end (PART5O;
 #                                               # ~7 min at AB_S=210)
@@ -55,6 +58,8 @@
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
+#   bash experiments/decode_kernels_ab.sh ns    # only the GPU tests of the thirty-fourth session's options: the
+#                                               # chunk statistics kernel, the front's equal column shares
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
 #                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
@@ -74,7 +79,8 @@ BASE=eac7616  # the last tree measured end to end (twenty-third session: 44,978 
 prof="experiments/profile_decode.py --batches 64 --impls pallas --reps 20 --no-attention"
 bench="experiments/bench_sampler.py --models 0.5b --batches 64 --no-hf"  # part 5: the issue's goal case
 gpu_tests="tests/test_policy_decode_qkv.py tests/test_policy_decode_oproj.py tests/test_policy_decode_mlp.py \
-tests/test_policy_decode_add_norm.py tests/test_policy_decode_head.py tests/test_policy_decode_norm.py tests/test_policy_gpu.py"
+tests/test_policy_decode_add_norm.py tests/test_policy_decode_head.py tests/test_policy_decode_norm.py \
+tests/test_policy_gpu.py tests/test_policy_sample_stats.py"
 gpu_tests_new="tests/test_policy_decode_add_norm.py tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu"  # the twenty-fifth session's options
 # attention: block_k x splits x warps x stages x balance; its bench timed only XLA and the default in 150 s
@@ -128,6 +134,13 @@ QKV_SWEEP="64x16x4x5,64x16x4x5x64,64x16x4x5x32,32x16x4x5,16x16x4x5"
 DOWN_SWEEP="64x64x4x4x5,64x128x2x4x5,64x64x2x4x5,32x64x4x4x5,16x64x4x4x5"
 PART5O=("inout:$inout" "om32:$inout --kernel-opts decode_oproj.out_proj_residual:block_m=32"
         "om16:$inout --kernel-opts decode_oproj.out_proj_residual:block_m=16")
+# PART5S (thirty-fourth session): the sampling step's chunk statistics in one Pallas pass over the logits
+# (policy/sample_stats.py; XLA makes three: 38 us per step in the thirty-third session's H100 profile), and the
+# SwiGLU front with 132 column programs of 32-48 columns (masked 64-column tiles) instead of 76 of 64 columns.
+stats_opt="sampler.sample_logits:stats=pallas"
+front_opt="decode_mlp.swiglu_front:programs=132"
+PART5S=("inout:$inout" "stats:$inout --kernel-opts $stats_opt" "front:$inout --kernel-opts $front_opt"
+        "both:$inout --kernel-opts '$stats_opt;$front_opt'")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -146,7 +159,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p ncu 5a 5c 5d n 2 2n 3 3b 5" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p ncu 5a 5c 5d 5s n ns 2 2n 3 3b 5" \
        "4a 4 (see the header)" >&2
   exit 2
 }
@@ -181,8 +194,11 @@ $ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     2) stages+=("gpu_tests=500=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests") ;;
     n) stages+=("norm_tests=300=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu tests/test_policy_decode_oproj.py \
-tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu \
+tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu tests/test_policy_sample_stats.py \
+tests/test_policy_decode_mlp.py::test_programs_triton_on_gpu \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
+    ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_sample_stats.py \
+tests/test_policy_decode_mlp.py::test_programs_triton_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
@@ -194,7 +210,7 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
 --out \$OUT/mlp$tag")
         done
         ;;
-    5a|5c|5d) variants="PART${part^^}[@]"  # PART5A, PART5C or PART5D, each against its `inout`
+    5a|5c|5d|5s) variants="PART${part^^}[@]"  # PART5A, 5C, 5D or 5S, each against its `inout`
         ab_stages "$bench" "${!variants}"
         stages+=("$table_inout") ;;
     o) stages+=("$(mlp_stage 150 oproj,down "$DOWN_SWEEP" "--oproj-configs $OPROJ_SWEEP")"

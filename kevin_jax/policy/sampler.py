@@ -59,6 +59,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kevin_jax.policy import decode_head as head_kernel
+from kevin_jax.policy import sample_stats
 from kevin_jax.policy.config import ModelConfig
 from kevin_jax.policy.decode_attention import BLOCK_K, SlotRanges
 from kevin_jax.policy.model import KVCache, Qwen2
@@ -68,6 +69,8 @@ STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are 
 _FINISH = ("length", "eos", "stop")
 _NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
 _DECODE_HEAD = ("xla", "auto", "pallas", "interpret")
+_STATS = ("xla", "auto", "pallas", "interpret")
+STATS = "xla"  # sample_logits' default `stats`
 TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode_loop is traced (tests assert no recompilation)
 
 
@@ -163,16 +166,24 @@ def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
   return (c_B * width + jnp.take_along_axis(i_BxC, c_B[:, None], axis=-1)[:, 0]).astype(jnp.int32)
 
 
-def logsumexp_rows(x_BxV: Array, chunks: int = 32, m_BxC: Array | None = None) -> Array:
+def logsumexp_rows(x_BxV: Array, chunks: int = 32, m_BxC: Array | None = None,
+                   s_BxC: Array | None = None) -> Array:
   """jax.scipy.special.logsumexp(x_BxV, axis=-1) in two stages: each of `chunks` column chunks' maximum m_c and
   sum s_c of exp(x - m_c), then M = max_c m_c and M + log(sum_c s_c exp(m_c - M)). Equal to jax's for rows of
   finite values and -inf (all -inf -> -inf); a row with +inf or NaN gives NaN (jax: +inf for +inf), which
   logits never hold. Two stages for the reason argmax_rows gives: one block per row leaves SMs idle.
-  m_BxC: the chunk maxima, if the caller has them (chunk_max_rows(x_BxV, chunks))."""
+  m_BxC (and s_BxC): the chunk maxima (and sums), if the caller has them (chunk_max_rows(x_BxV, chunks);
+  sample_stats.chunk_stats)."""
+  if m_BxC is not None and s_BxC is not None:
+    return _chunks_logsumexp(m_BxC, s_BxC)
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     return jax.scipy.special.logsumexp(x_BxV, axis=-1)
-  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
+  return _chunks_logsumexp(*_chunk_stats(x_BxCxW, m_BxC))
+
+
+def _chunks_logsumexp(m_BxC: Array, s_BxC: Array) -> Array:
+  """The rows' log-sum-exps from their chunks' maxima and sums of exp (logsumexp_rows' second stage)."""
   # The barrier keeps XLA from merging max_c(max_w x) into one reduction of its own over all of x: in the decode
   # step's HLO that was another full pass over the [B, V] logits (and a second stage) per logsumexp.
   m_B = jnp.max(jax.lax.optimization_barrier(m_BxC), axis=-1)
@@ -194,19 +205,22 @@ def _chunk_stats(x_BxCxW: Array, m_BxC: Array | None = None) -> tuple[Array, Arr
   return m_BxC, jnp.sum(jnp.exp(x_BxCxW - safe_BxC[..., None]), axis=-1)
 
 
-def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Array | None = None) -> Array:
+def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Array | None = None,
+                       s_BxC: Array | None = None) -> Array:
   """One draw per row from softmax(x_BxV) (int32), by Gumbel-argmax in two stages: a column chunk c with
   probability S_c / S (Gumbel-argmax over the chunks' log-masses log S_c), then a token j of it with probability
   exp(x_j) / S_c (Gumbel-argmax within the chunk), so P(j) = exp(x_j) / S exactly. That takes C + W Gumbel
   draws per row instead of V: generating [64, 151936] threefry Gumbels was the decode step's largest non-GEMM
   kernel (62 us per step, 2026-12-02 profile). chunks < 2 (or V < 512): the one-stage draw. Rows must have a
-  finite maximum (logits do; masked entries are finite _NEG). m_BxC: the chunk maxima, if the caller has them."""
+  finite maximum (logits do; masked entries are finite _NEG). m_BxC (and s_BxC): the chunk maxima (and sums of
+  exp), if the caller has them."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     v = x_BxV.shape[-1]
     return argmax_rows(x_BxV + jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_B), chunks)
   _, c, w = x_BxCxW.shape
-  m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
+  if m_BxC is None or s_BxC is None:
+    m_BxC, s_BxC = _chunk_stats(x_BxCxW, m_BxC)
   log_mass_BxC = jnp.where(s_BxC > 0, m_BxC + jnp.log(s_BxC), -jnp.inf)
   keys_Bx2 = jax.vmap(jax.random.split)(keys_B)
   chunk_B = jnp.argmax(log_mass_BxC + jax.vmap(lambda k: jax.random.gumbel(k, (c,), jnp.float32))(keys_Bx2[:, 0]),
@@ -216,22 +230,48 @@ def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Arr
   return (chunk_B * w + j_B).astype(jnp.int32)
 
 
+def stats_impl(stats: str, vocab: int, reduce_chunks: int, top_k: int, greedy: bool, use_top_p: bool) -> str:
+  """sample_logits' `stats` for these settings, 'auto' resolved: 'xla' | 'pallas' | 'interpret'. The kernel serves
+  temperature sampling over >= 2 chunks only (no top-k / top-p: they change the distribution first; greedy needs
+  no sums of the scaled logits)."""
+  if stats not in _STATS:
+    raise ValueError(f"stats must be one of {_STATS}, got {stats!r}")
+  if greedy or top_k > 0 or use_top_p or sample_stats.chunk_layout(vocab, reduce_chunks)[0] < 2:
+    return "xla"
+  if stats == "auto":
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+  return stats
+
+
 def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: Array, *, top_k: int,
-                  greedy: bool, use_top_p: bool, valid_vocab: int,
-                  reduce_chunks: int = 32) -> tuple[Array, Array, Array]:
+                  greedy: bool, use_top_p: bool, valid_vocab: int, reduce_chunks: int = 32,
+                  stats: str = STATS) -> tuple[Array, Array, Array]:
   """Draws one token per row. Returns (token_B int32, raw logprob_B, sampling logprob_B), all from fp32 logits.
-  `reduce_chunks`: SamplerConfig.reduce_chunks."""
+  `reduce_chunks`: SamplerConfig.reduce_chunks. `stats`: where the chunks' maxima and sums of exp come from,
+  'xla' (three XLA passes over the logits) | 'pallas' (sample_stats.chunk_stats: one pass) | 'interpret' (the
+  kernel in interpret mode, CPU tests) | 'auto' (the kernel on a GPU); stats_impl says where the kernel serves.
+  The kernel's sums differ from XLA's by fp32 rounding, so the token drawn for a seed can differ only where two
+  chunks' Gumbel-perturbed masses tie to within that rounding."""
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
+  impl = stats_impl(stats, v, reduce_chunks, top_k, greedy, use_top_p)
 
-  def logp_of(x_BxV, token_B, m_BxC):  # log_softmax(x)[token] without materialising a [B, V] log-softmax
+  def logp_of(x_BxV, token_B, m_BxC, s_BxC=None):  # log_softmax(x)[token] without a [B, V] log-softmax
     return (jnp.take_along_axis(x_BxV, token_B[:, None], axis=-1)[:, 0]
-            - logsumexp_rows(x_BxV, reduce_chunks, m_BxC))
+            - logsumexp_rows(x_BxV, reduce_chunks, m_BxC, s_BxC))
 
-  m_raw_BxC = chunk_max_rows(logits_BxV, reduce_chunks)
   masked_BxV = logits_BxV
   if valid_vocab < v:
     masked_BxV = jnp.where(jnp.arange(v)[None, :] < valid_vocab, logits_BxV, _NEG)
+  if impl != "xla":
+    m_raw_BxC, s_raw_BxC, m_masked_BxC, s_scaled_BxC = sample_stats.chunk_stats(
+        logits_BxV, temperature, chunks=reduce_chunks, valid_vocab=valid_vocab, interpret=impl == "interpret")
+    scaled_BxV = masked_BxV / temperature
+    m_scaled_BxC = m_masked_BxC / temperature  # as below: max(x / T) == max(x) / T
+    token_B = gumbel_sample_rows(scaled_BxV, keys_B, reduce_chunks, m_scaled_BxC, s_scaled_BxC)
+    return (token_B, logp_of(logits_BxV, token_B, m_raw_BxC, s_raw_BxC),
+            logp_of(scaled_BxV, token_B, m_scaled_BxC, s_scaled_BxC))
+  m_raw_BxC = chunk_max_rows(logits_BxV, reduce_chunks)
   if greedy:
     token_B = argmax_rows(masked_BxV, reduce_chunks)
     samp_logp_B = jnp.zeros(token_B.shape, jnp.float32)
