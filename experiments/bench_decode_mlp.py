@@ -116,8 +116,14 @@ def _oproj(o, w, **kw):
   return out_proj_residual(o.reshape(b, d // 64, 64), w.reshape(d // 64, 64, d), o, **kw)
 
 
-def _versions(part: str, configs: str, interpret: bool = False) -> dict:
-  """name -> fn(x, *weights) for one part: XLA's, then one Pallas version per config string."""
+def _rms_normed(x, eps=1e-6):
+  xf = x.astype(jnp.float32)
+  return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def _versions(part: str, configs: str, interpret: bool = False, norm: bool = False) -> dict:
+  """name -> fn(x, *weights) for one part: XLA's, then one Pallas version per config string. norm (front only):
+  x is the raw residual, XLA normalises it first (RMSNorm without a scale), the kernel inside (rms_eps)."""
   if part == "oproj":
     versions = {"xla": xla_oproj}
     for c in configs.split(","):
@@ -127,12 +133,13 @@ def _versions(part: str, configs: str, interpret: bool = False) -> dict:
           **({"block_m": bm[0]} if bm else {})))
     return versions
   if part == "front":
-    versions = {"xla": xla_front}
+    versions = {"xla": (lambda x_, g_, u_: xla_front(_rms_normed(x_), g_, u_)) if norm else xla_front}
     for c in configs.split(","):
-      bn, bd, nw, ns, *bm = (int(v) for v in c.split("x"))  # an optional fifth field: block_m
-      versions[f"pallas {c}"] = (lambda x_, g_, u_, bn=bn, bd=bd, nw=nw, ns=ns, bm=bm: swiglu_front(
-          x_, g_, u_, block_n=bn, block_d=bd, num_warps=nw, num_stages=ns, interpret=interpret,
-          **({"block_m": bm[0]} if bm else {})))
+      # optional fifth and sixth fields: block_m, programs (0: F / block_n of them)
+      bn, bd, nw, ns, *more = (int(v) for v in c.split("x"))
+      kw = dict(zip(("block_m", "programs"), more), rms_eps=1e-6 if norm else None)
+      versions[f"pallas {c}"] = (lambda x_, g_, u_, bn=bn, bd=bd, nw=nw, ns=ns, kw=kw: swiglu_front(
+          x_, g_, u_, block_n=bn, block_d=bd, num_warps=nw, num_stages=ns, interpret=interpret, **kw))
     return versions
   versions = {"xla": xla_down}
   for c in configs.split(","):
@@ -154,8 +161,10 @@ def main(argv=None) -> None:
   ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU), down (down projection), oproj "
                   "(the attention's o projection + residual)")
   ap.add_argument("--configs", default="32x128x4x3,16x128x4x3,64x128x4x3,32x64x4x3,32x128x8x3,32x128x4x4",
-                  help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m], "
-                  "comma-separated")
+                  help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m [x "
+                  "programs]], comma-separated")
+  ap.add_argument("--front-norm", action="store_true", help="the front with the norm inside the kernel (rms_eps; "
+                  "ModelConfig.decode_norm='inside'), against XLA's norm + front")
   ap.add_argument("--down-configs", default="64x64x4x4x5,64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,"
                   "32x64x0x4x3,64x64x0x8x3", help="down's Pallas versions: block_n x block_k x splits (0 = "
                   "pick_splits) x num_warps x num_stages (the first: the default)")
@@ -189,7 +198,7 @@ def main(argv=None) -> None:
       for b in (int(s) for s in a.batches.split(",")):
         x = jnp.asarray(rng.standard_normal((b, width), np.float32), jnp.bfloat16)
         first = [w[0] for w in weights]
-        versions = _versions(part, configs, a.interpret)
+        versions = _versions(part, configs, a.interpret, norm=a.front_norm and part == "front")
         want = np.asarray(jax.jit(versions["xla"])(x, *first), np.float32)
 
         def max_rel_diff(fn, x=x, first=first, want=want):

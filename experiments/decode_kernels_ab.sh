@@ -39,8 +39,11 @@
 #                                               # warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
 #   bash experiments/decode_kernels_ab.sh 5s    # part 5 with PART5S's variants: the sampling step's chunk statistics
-#                                               # in one Pallas pass, the SwiGLU front with 132 programs, both
-#                                               # (~6 min at AB_S=360)
+#                                               # in one Pallas pass, the SwiGLU front with 4 stages (~4.5 min at
+#                                               # AB_S=270)
+#   bash experiments/decode_kernels_ab.sh ks    # the chunk statistics kernel alone against XLA's passes, by block
+#                                               # shape; the SwiGLU front alone with the norm inside, by stages and
+#                                               # program count (~3 min)
 #   bash experiments/decode_kernels_ab.sh o     # the o projection, q/k/v and down kernels alone by loop length and
 #                                               # program count, then the o kernel's row blocks end to end (PART5O;
 #                                               # ~7 min at AB_S=210)
@@ -136,11 +139,14 @@ PART5O=("inout:$inout" "om32:$inout --kernel-opts decode_oproj.out_proj_residual
         "om16:$inout --kernel-opts decode_oproj.out_proj_residual:block_m=16")
 # PART5S (thirty-fourth session): the sampling step's chunk statistics in one Pallas pass over the logits
 # (policy/sample_stats.py; XLA makes three: 38 us per step in the thirty-third session's H100 profile), and the
-# SwiGLU front with 132 column programs of 32-48 columns (masked 64-column tiles) instead of 76 of 64 columns.
+# SwiGLU front with 4 pipeline stages (3 now). The first call (H100) ran the statistics in 8-row, 512-column tiles
+# (1.000 against inout) and the front with 132 column programs of 32-48 columns (0.998); the statistics now take a
+# row's chunk in one tile. Part ks: the statistics kernel alone by block shape, and the front alone with the norm
+# inside by stages and program count.
 stats_opt="sampler.sample_logits:stats=pallas"
-front_opt="decode_mlp.swiglu_front:programs=132"
-PART5S=("inout:$inout" "stats:$inout --kernel-opts $stats_opt" "front:$inout --kernel-opts $front_opt"
-        "both:$inout --kernel-opts '$stats_opt;$front_opt'")
+PART5S=("inout:$inout" "stats:$inout --kernel-opts $stats_opt"
+        "front4s:$inout --kernel-opts decode_mlp.swiglu_front:num_stages=4")
+FRONT_SWEEP="64x128x4x3,64x128x4x4,64x64x4x5,64x64x4x6,64x128x4x3x64x132,64x128x4x4x64x132,64x64x4x6x64x132"
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -159,8 +165,8 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p ncu 5a 5c 5d 5s n ns 2 2n 3 3b 5" \
-       "4a 4 (see the header)" >&2
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p ncu 5a 5c 5d 5s ks n ns" \
+       "2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
 # Part 1's kernel benches at the 0.5B shape, B = 64 (qkv_stage LIMIT [CONFIGS]; mlp_stage LIMIT PARTS
@@ -197,6 +203,9 @@ tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu tes
 tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu tests/test_policy_sample_stats.py \
 tests/test_policy_decode_mlp.py::test_programs_triton_on_gpu \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
+    ks) stages+=("sample_stats=90=python3 experiments/bench_sample_stats.py --out \$OUT/sample_stats"
+                 "front=120=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front \
+--front-norm --configs $FRONT_SWEEP --out \$OUT/front") ;;
     ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_sample_stats.py \
 tests/test_policy_decode_mlp.py::test_programs_triton_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;

@@ -31,13 +31,14 @@ def _check_stats(got, want, rtol):
     (4, 4096, 8, 4000, 0.7, "float32"),  # masked columns in the last chunk only
     (8, 5000, 32, 5000, 1.3, "float32"),  # C = 19 (V // 256), a short last chunk, no mask
     (2, 4100, 4, 2000, 0.9, "bfloat16"),  # whole chunks masked (their max is _NEG, their sum counts them)
-    (3, 1030, 2, 1030, 0.5, "float32"),  # W = 515: tiles of 512 and a clamped last tile per chunk
+    (3, 1030, 2, 1030, 0.5, "float32"),  # W = 515: a 1024-column tile from column 0 or ending at V
 ])
-def test_matches_reference_interpret(b, v, chunks, valid, t, dtype):
+@pytest.mark.parametrize("block", [{}, dict(block_m=2, block_n=128)])  # one tile per chunk; several, rescaled
+def test_matches_reference_interpret(b, v, chunks, valid, t, dtype, block):
   c, w = sample_stats.chunk_layout(v, chunks)
   x = _logits(b, v, jnp.dtype(dtype))
   x = x.at[0, : w + 7].set(-jnp.inf)  # a row whose first chunk is all -inf: max -inf, sum 0
-  got = sample_stats.chunk_stats(x, jnp.float32(t), chunks=chunks, valid_vocab=valid, interpret=True)
+  got = sample_stats.chunk_stats(x, jnp.float32(t), chunks=chunks, valid_vocab=valid, interpret=True, **block)
   want = sample_stats.reference(x, jnp.float32(t), chunks=chunks, valid_vocab=valid)
   _check_stats(got, want, rtol=2e-6)
   assert np.all(np.asarray(got[1])[0, :1] == 0) and np.isneginf(np.asarray(got[0])[0, 0])

@@ -29,9 +29,9 @@ from jax.experimental.pallas import triton as pl_triton
 Array = jax.Array
 _NEG = -1e30  # sampler._NEG: a masked logit (finite)
 MIN_WIDTH = 256  # sampler._chunked: chunks of fewer columns are not made
-BLOCK_N = 512  # columns per tile
-BLOCK_M = 8  # rows per program at most (the largest power of two dividing B up to this): B = 64 and 32 chunks
-             # give 256 programs
+BLOCK_N = 8192  # columns per tile at most: a chunk of V = 151,936 in 32 chunks (4,748 columns) in one tile
+BLOCK_M = 1  # rows per program at most (the largest power of two dividing B up to this): B = 64 and 32 chunks
+             # give 2,048 programs
 
 
 def chunk_layout(vocab: int, chunks: int) -> tuple[int, int]:
@@ -57,13 +57,13 @@ def _kernel(t_ref, x_ref, m_raw_ref, s_raw_ref, m_msk_ref, s_sc_ref, *, width: i
   def body(k, carry):
     m_raw, s_raw, m_msk, s_sc = carry
     first = start + k * block_n  # this tile's first new column
-    # The last tile of a chunk starts early enough to end at the chunk's end (inside the array: no load past V);
-    # columns before `first` were the previous tile's and are masked.
-    col0 = jnp.minimum(first, end - block_n)
+    # The last tile of a chunk starts early enough to end at the chunk's end, or at column 0 (a tile wider than
+    # the chunk): never past V. Its columns before `first` (the previous tile's) and from `end` on are masked.
+    col0 = jnp.maximum(jnp.minimum(first, end - block_n), 0)
     if aligned > 1:
       col0 = pl.multiple_of(col0, aligned)
     cols = col0 + lanes
-    new = (cols >= first)[None, :]
+    new = ((cols >= first) & (cols < end))[None, :]
     x = pl_triton.load(x_ref.at[:, pl.ds(col0, block_n)], mask=jnp.broadcast_to(new, (bm, block_n)),
                        other=-jnp.inf).astype(jnp.float32)
     z = jnp.where(new & (cols >= valid_vocab)[None, :], _NEG, x) if valid_vocab < vocab else x
@@ -93,17 +93,17 @@ def chunk_stats(logits_BxV: Array, temperature: Array, *, chunks: int, valid_voc
                 interpret: bool = False) -> tuple[Array, Array, Array, Array]:
   """(m_raw, s_raw, m_masked, s_scaled), each fp32 [B, C], of the logits [B, V] (any float dtype, read as fp32)
   over sampler._chunked's C column chunks (module docstring); temperature: a scalar > 0. Needs C >= 2; block_n (a
-  power of two >= 16) shrinks by halves to at most the chunk width."""
+  power of two >= 16) shrinks by halves to the smallest power of two covering a chunk, and to at most V."""
   b, v = logits_BxV.shape
   c, width = chunk_layout(v, chunks)
   if c < 2:
     raise ValueError(f"chunk_stats needs >= 2 chunks of >= {MIN_WIDTH} columns, got V={v}, chunks={chunks}")
   if jnp.ndim(temperature) and jnp.size(temperature) != 1:
     raise ValueError(f"temperature must be a scalar, got shape {jnp.shape(temperature)}")
-  while block_n > width:  # a tile ends at its chunk's end at the latest, and starts at column >= 0
-    block_n //= 2
   if block_n < 16 or block_n & (block_n - 1):
     raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+  while block_n > v or block_n >= 2 * width:  # tiles inside the array, no wider than the chunk needs
+    block_n //= 2
   bm = min(block_m, b & -b)
   # Tiles start at multiples of 4 columns (16 bytes of fp32) when W and V are such multiples.
   aligned = 4 if width % 4 == 0 and v % 4 == 0 else 1
