@@ -135,9 +135,8 @@ def _versions(part: str, configs: str, interpret: bool = False, norm: bool = Fal
   if part == "front":
     versions = {"xla": (lambda x_, g_, u_: xla_front(_rms_normed(x_), g_, u_)) if norm else xla_front}
     for c in configs.split(","):
-      # optional fifth and sixth fields: block_m, programs (0: F / block_n of them)
-      bn, bd, nw, ns, *more = (int(v) for v in c.split("x"))
-      kw = dict(zip(("block_m", "programs"), more), rms_eps=1e-6 if norm else None)
+      bn, bd, nw, ns, *bm = (int(v) for v in c.split("x"))  # an optional fifth field: block_m
+      kw = dict(zip(("block_m",), bm), rms_eps=1e-6 if norm else None)
       versions[f"pallas {c}"] = (lambda x_, g_, u_, bn=bn, bd=bd, nw=nw, ns=ns, kw=kw: swiglu_front(
           x_, g_, u_, block_n=bn, block_d=bd, num_warps=nw, num_stages=ns, interpret=interpret, **kw))
     return versions
@@ -161,8 +160,8 @@ def main(argv=None) -> None:
   ap.add_argument("--parts", default="front,down", help="front (gate/up + SwiGLU), down (down projection), oproj "
                   "(the attention's o projection + residual)")
   ap.add_argument("--configs", default="32x128x4x3,16x128x4x3,64x128x4x3,32x64x4x3,32x128x8x3,32x128x4x4",
-                  help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m [x "
-                  "programs]], comma-separated")
+                  help="front's Pallas versions: block_n x block_d x num_warps x num_stages [x block_m], "
+                  "comma-separated")
   ap.add_argument("--front-norm", action="store_true", help="the front with the norm inside the kernel (rms_eps; "
                   "ModelConfig.decode_norm='inside'), against XLA's norm + front")
   ap.add_argument("--down-configs", default="64x64x4x4x5,64x64x0x4x3,128x64x0x4x3,64x128x0x4x3,64x64x1x4x3,"

@@ -39,11 +39,10 @@
 #                                               # warps (~5.5 min at AB_S=420)
 #   bash experiments/decode_kernels_ab.sh 5d    # part 5 with PART5D's variants: 2 and 3 balanced splits by stages
 #   bash experiments/decode_kernels_ab.sh 5s    # part 5 with PART5S's variants: the sampling step's chunk statistics
-#                                               # in one Pallas pass, the SwiGLU front with 4 stages (~4.5 min at
-#                                               # AB_S=270)
+#                                               # from XLA, the SwiGLU front with 3 stages (~4.5 min at AB_S=270)
 #   bash experiments/decode_kernels_ab.sh ks    # the chunk statistics kernel alone against XLA's passes, by block
-#                                               # shape; the SwiGLU front alone with the norm inside, by stages and
-#                                               # program count (~3 min)
+#                                               # shape; the SwiGLU front alone with the norm inside, by stages
+#                                               # (~1 min)
 #   bash experiments/decode_kernels_ab.sh o     # the o projection, q/k/v and down kernels alone by loop length and
 #                                               # program count, then the o kernel's row blocks end to end (PART5O;
 #                                               # ~7 min at AB_S=210)
@@ -61,8 +60,8 @@
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
-#   bash experiments/decode_kernels_ab.sh ns    # only the GPU tests of the thirty-fourth session's options: the
-#                                               # chunk statistics kernel, the front's equal column shares
+#   bash experiments/decode_kernels_ab.sh ns    # only the GPU tests of the thirty-fourth session's defaults: the
+#                                               # chunk statistics kernel, the front (4 stages)
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
 #                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
@@ -92,7 +91,7 @@ attn="64x0x4x2x0,64x0x4x3x1,64x0x2x3x1,128x0x4x3x1"
 qkv="64x16x4x5,64x16x4x3,64x16x4x7,32x16x4x5,16x16x2x7"  # 16-row blocks with 4 warps: slower (2026-12-05)
 # front: block_n x block_d x warps x stages [x block_m]; F / 64 = 76 programs at 0.5B leave 56 of 132 SMs idle, but
 # 32-column or 32-row blocks (152 programs) took 12.5-14.5 against 10.4 us per layer (2026-12-05)
-front="64x128x4x3,64x128x4x2,64x128x2x3,32x128x4x3,64x64x4x4"  # 5+ stages of 64x128 exceed shared memory
+front="64x128x4x4,64x128x4x3,64x128x2x3,32x128x4x3,64x64x4x6"  # 5+ stages of 64x128 exceed shared memory
 # down: block_n x block_k x splits (0: pick_splits, 19 at 0.5B) x warps x stages; 4 splits with 5 stages is the
 # default since 2026-12-05 (8.2 against 8.7 us per layer with 19 splits and 3 stages)
 down="64x64x4x4x5,64x64x0x4x3,64x64x2x4x5,64x64x4x4x6,64x64x4x4x4,32x64x4x4x5,64x128x4x4x5"
@@ -139,14 +138,13 @@ PART5O=("inout:$inout" "om32:$inout --kernel-opts decode_oproj.out_proj_residual
         "om16:$inout --kernel-opts decode_oproj.out_proj_residual:block_m=16")
 # PART5S (thirty-fourth session): the sampling step's chunk statistics in one Pallas pass over the logits
 # (policy/sample_stats.py; XLA makes three: 38 us per step in the thirty-third session's H100 profile), and the
-# SwiGLU front with 4 pipeline stages (3 now). The first call (H100) ran the statistics in 8-row, 512-column tiles
-# (1.000 against inout) and the front with 132 column programs of 32-48 columns (0.998); the statistics now take a
-# row's chunk in one tile. Part ks: the statistics kernel alone by block shape, and the front alone with the norm
-# inside by stages and program count.
-stats_opt="sampler.sample_logits:stats=pallas"
-PART5S=("inout:$inout" "stats:$inout --kernel-opts $stats_opt"
-        "front4s:$inout --kernel-opts decode_mlp.swiglu_front:num_stages=4")
-FRONT_SWEEP="64x128x4x3,64x128x4x4,64x64x4x5,64x64x4x6,64x128x4x3x64x132,64x128x4x4x64x132,64x64x4x6x64x132"
+# SwiGLU front with 4 pipeline stages (3 then). On an H100 the statistics gained +0.2 % (a row's chunk in one tile;
+# 8-row, 512-column tiles: 1.000), the front +0.6 % (with 132 column programs of 32-48 columns instead: 0.998); both
+# are the defaults since, so against `inout` now the variants turn them off. Part ks: the statistics kernel alone by
+# block shape, and the front alone with the norm inside by stages.
+PART5S=("inout:$inout" "xstats:$inout --kernel-opts sampler.sample_logits:stats=xla"
+        "front3s:$inout --kernel-opts decode_mlp.swiglu_front:num_stages=3")
+FRONT_SWEEP="64x128x4x4,64x128x4x3,64x64x4x5,64x64x4x6"
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -201,13 +199,13 @@ $ATTN_SWEEP --out \$OUT/attn" "$winners") ;;
     n) stages+=("norm_tests=300=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_norm.py \
 tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu tests/test_policy_decode_oproj.py \
 tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu tests/test_policy_sample_stats.py \
-tests/test_policy_decode_mlp.py::test_programs_triton_on_gpu \
+tests/test_policy_decode_mlp.py::test_triton_kernel_on_gpu \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     ks) stages+=("sample_stats=90=python3 experiments/bench_sample_stats.py --out \$OUT/sample_stats"
                  "front=120=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front \
 --front-norm --configs $FRONT_SWEEP --out \$OUT/front") ;;
     ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_sample_stats.py \
-tests/test_policy_decode_mlp.py::test_programs_triton_on_gpu") ;;
+tests/test_policy_decode_mlp.py::test_triton_kernel_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;

@@ -39,8 +39,10 @@ BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs.
 BLOCK_D = 128  # D per loop iteration at most.
 # Both shrink by halves, down to 16 (Triton's matmul tiles), to the largest power of two dividing D or F.
 BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
-PROGRAMS = 0  # swiglu_front's column programs per row block (0: F / BLOCK_N of them; > 0: equal 16-column shares)
-_UNIT = 16  # with programs > 0, each program's columns are whole units of this many (32 bytes of bf16)
+FRONT_STAGES = 4  # Pipeline stages of the front on compute capability >= 9.0 (4 x 48 KB of x and weight slices at
+                  # 64 x 128: over an A100's 164 KB of shared memory per block, so 3 there). At the 0.5B shape, B =
+                  # 64, norm inside, on an H100: alone 11.07 / 11.29 against 11.67 / 11.72 us per layer with 3;
+                  # bench_sampler +0.6 % (BENCHMARKS.md "Sampler", thirty-fourth session).
 AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: measured faster end to end
                     # at 64 (BENCHMARKS.md, sixteenth session); not yet at 256, where each 64-row block re-reads
                     # the weights and the first kernel-alone harness had it slower.
@@ -51,49 +53,39 @@ def supported(hidden: int, intermediate: int) -> bool:
   return pick_block(hidden, BLOCK_D) > 0 and pick_block(intermediate, BLOCK_N) > 0
 
 
-def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None, programs: int, tile: int):
-  """refs: [1/rms if scaled], w_gate, w_up, out. rms_eps: the kernel computes 1/rms itself. programs > 0: the refs
-  hold all F columns and program j owns columns [16 u0, 16 u1) of them, u0 = j U // programs for the U = F / 16
-  column units, in one tile of `tile` columns (masked loads and stores)."""
+def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None):
+  """refs: [1/rms if scaled], w_gate, w_up, out. rms_eps: the kernel computes 1/rms itself."""
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
   wg_ref, wu_ref, o_ref = refs
-  if not programs:
-    g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1],
-                                 block_d, r_ref, rms_eps)
-    o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
-    return
-  f = wg_ref.shape[1]
-  units, j = f // _UNIT, pl.program_id(1)
-  c0, c1 = (j * units // programs) * _UNIT, ((j + 1) * units // programs) * _UNIT
-  # The last programs' tiles would run past F: every tile starts early enough to end inside the array, and the
-  # columns before c0 are masked (another program's).
-  col0 = pl.multiple_of(jnp.minimum(c0, f - tile), _UNIT)
-  cols = col0 + jnp.arange(tile)
-  mine = ((cols >= c0) & (cols < c1))[None, :]
-  load = lambda ref, ks: pl_triton.load(ref.at[ks, pl.ds(col0, tile)], mask=jnp.broadcast_to(mine, (block_d, tile)),
-                                        other=0)
-  g, u = decode_tiles.dot_pair(x_ref, lambda ks: load(wg_ref, ks), lambda ks: load(wu_ref, ks), tile, block_d, r_ref,
-                               rms_eps)
-  pl_triton.store(o_ref.at[:, pl.ds(col0, tile)], (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype),
-                  mask=jnp.broadcast_to(mine, (x_ref.shape[0], tile)))
+  g, u = decode_tiles.dot_pair(x_ref, lambda ks: wg_ref[ks, :], lambda ks: wu_ref[ks, :], wg_ref.shape[1], block_d,
+                               r_ref, rms_eps)
+  o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
+
+
+def front_stages() -> int:
+  """swiglu_front's default pipeline stages on this process' first device: FRONT_STAGES where a block has the
+  shared memory for them (compute capability >= 9.0), else 3."""
+  cap = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return FRONT_STAGES if cap is not None and float(cap) >= 9.0 else 3
+  except ValueError:
+    return 3
 
 
 @functools.partial(jax.jit, static_argnames=("rms_eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
-                                             "programs", "interpret"))
+                                             "interpret"))
 def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Array | None = None, *,
                  rms_eps: float | None = None, block_n: int = BLOCK_N, block_d: int = BLOCK_D,
-                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3, programs: int = PROGRAMS,
+                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int | None = None,
                  interpret: bool = False) -> Array:
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
   With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
   (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
-  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU.
-
-  programs > 0: that many column programs per row block (at most F / 16), each owning an equal share of F in
-  whole 16-column units (F = 4,864 and 132 programs: 32 or 48 columns each, in 64-column tiles), instead of
-  F / block_n programs of block_n columns (76 at the 0.5B shape, for 132 SMs); block_n is then unused."""
+  computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU. num_stages None:
+  front_stages()."""
+  num_stages = front_stages() if num_stages is None else num_stages
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -105,22 +97,16 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
-  if programs < 0:
-    raise ValueError(f"programs must be >= 0, got {programs}")
-  programs = min(programs, f // _UNIT)
-  tile = max(_UNIT, 1 << (-(-(f // _UNIT) // programs) * _UNIT - 1).bit_length()) if programs else 0
-  # Each program's weight columns: a block_n block of them, or all F (programs > 0: the kernel slices its own).
-  cols, col_map = (f, lambda i, j: (0, 0)) if programs else (block_n, lambda i, j: (0, j))
   out = pl.pallas_call(
-      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps, programs=programs, tile=tile),
-      grid=(mp // bm, programs or f // block_n),
+      functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps),
+      grid=(mp // bm, f // block_n),
       in_specs=[
           pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
           *[pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled,
-          pl.BlockSpec((d, cols), col_map),
-          pl.BlockSpec((d, cols), col_map),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
+          pl.BlockSpec((d, block_n), lambda i, j: (0, j)),
       ],
-      out_specs=pl.BlockSpec((bm, cols), lambda i, j: (i, (0 if programs else j))),
+      out_specs=pl.BlockSpec((bm, block_n), lambda i, j: (i, j)),
       out_shape=jax.ShapeDtypeStruct((mp, f), x_BxD.dtype),
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,

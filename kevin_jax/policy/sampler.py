@@ -70,7 +70,9 @@ _FINISH = ("length", "eos", "stop")
 _NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
 _DECODE_HEAD = ("xla", "auto", "pallas", "interpret")
 _STATS = ("xla", "auto", "pallas", "interpret")
-STATS = "xla"  # sample_logits' default `stats`
+STATS = "auto"  # sample_logits' default `stats`: the one-pass kernel on a GPU. On an H100 (0.5B, B = 64, T = 0.9) the
+               # draw alone took 36.5 / 42.4 against 50.3 / 51.0 us per step with XLA's three passes; bench_sampler
+               # +0.2 % (BENCHMARKS.md "Sampler", thirty-fourth session)
 TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode_loop is traced (tests assert no recompilation)
 
 
