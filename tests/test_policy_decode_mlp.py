@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy import get_preset
+from kevin_jax.policy import decode_mlp, get_preset
 from kevin_jax.policy.decode_mlp import (DOWN_SPLITS, down_partials, down_proj, pick_block, pick_splits,
                                         resolve_splits, supported, swiglu_front)
 from tests.test_common import assert_sampler_same_with_kernel
@@ -51,6 +51,19 @@ def test_front_lowers_to_triton():
   text = jax.jit(swiglu_front).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   call = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
   assert len(call) == 1 and call[0].count("tensor<896x4864xbf16>") == 2
+
+
+def test_front_stages(monkeypatch):
+  """4 stages on compute capability >= 9.0 where 3 buffers of the slices fit 227 KB (bf16 64 x 128 x 64: 144 KB;
+  fp32: 288 KB do not), else 3."""
+  class Dev:
+    compute_capability = "9.0"
+  monkeypatch.setattr(jax, "devices", lambda *a: [Dev()])
+  assert decode_mlp.front_stages(64, 128, 64, 2) == 4 and decode_mlp.front_stages(64, 128, 64, 4) == 3
+  Dev.compute_capability = "8.0"
+  assert decode_mlp.front_stages(64, 128, 64, 2) == 3
+  monkeypatch.setattr(jax, "devices", lambda *a: [object()])  # a CPU device: no compute capability
+  assert decode_mlp.front_stages(64, 128, 64, 2) == 3
 
 
 def test_shape_rules():

@@ -39,10 +39,11 @@ BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs.
 BLOCK_D = 128  # D per loop iteration at most.
 # Both shrink by halves, down to 16 (Triton's matmul tiles), to the largest power of two dividing D or F.
 BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
-FRONT_STAGES = 4  # Pipeline stages of the front on compute capability >= 9.0 (4 x 48 KB of x and weight slices at
-                  # 64 x 128: over an A100's 164 KB of shared memory per block, so 3 there). At the 0.5B shape, B =
-                  # 64, norm inside, on an H100: alone 11.07 / 11.29 against 11.67 / 11.72 us per layer with 3;
-                  # bench_sampler +0.6 % (BENCHMARKS.md "Sampler", thirty-fourth session).
+FRONT_STAGES = 4  # Pipeline stages of the front on compute capability >= 9.0 where their buffers fit (front_stages:
+                  # 3 x 48 KB of bf16 x and weight slices at 64 x 128 do; fp32's 288 KB do not), else 3. At the
+                  # 0.5B shape, B = 64, norm inside, on an H100: alone 11.07 / 11.29 against 11.67 / 11.72 us per
+                  # layer with 3; bench_sampler +0.6 % (BENCHMARKS.md "Sampler", thirty-fourth session).
+SM90_SHARED_MEMORY = 232448  # bytes of shared memory a block may use on an H100 (Triton's "available" figure)
 AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: measured faster end to end
                     # at 64 (BENCHMARKS.md, sixteenth session); not yet at 256, where each 64-row block re-reads
                     # the weights and the first kernel-alone harness had it slower.
@@ -63,14 +64,17 @@ def _kernel(x_ref, *refs, block_d: int, scaled: bool, rms_eps: float | None):
   o_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(o_ref.dtype)
 
 
-def front_stages() -> int:
-  """swiglu_front's default pipeline stages on this process' first device: FRONT_STAGES where a block has the
-  shared memory for them (compute capability >= 9.0), else 3."""
+def front_stages(block_m: int, block_d: int, block_n: int, itemsize: int) -> int:
+  """swiglu_front's default pipeline stages on this process' first device: FRONT_STAGES where their buffers fit a
+  block's shared memory (compute capability >= 9.0: SM90_SHARED_MEMORY), else 3. Triton keeps stages - 1 buffers
+  of the x slice and both weight slices."""
   cap = getattr(jax.devices()[0], "compute_capability", None)
   try:
-    return FRONT_STAGES if cap is not None and float(cap) >= 9.0 else 3
+    hopper = cap is not None and float(cap) >= 9.0
   except ValueError:
-    return 3
+    hopper = False
+  need = (FRONT_STAGES - 1) * (block_m * block_d + 2 * block_d * block_n) * itemsize
+  return FRONT_STAGES if hopper and need <= SM90_SHARED_MEMORY else 3
 
 
 @functools.partial(jax.jit, static_argnames=("rms_eps", "block_n", "block_d", "block_m", "num_warps", "num_stages",
@@ -85,7 +89,6 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
   computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU. num_stages None:
   front_stages()."""
-  num_stages = front_stages() if num_stages is None else num_stages
   b, d = x_BxD.shape
   f = w_gate_DxF.shape[1]
   if w_gate_DxF.shape != (d, f) or w_up_DxF.shape != (d, f):
@@ -97,6 +100,8 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   mp, bm = decode_tiles.row_tiles(b, block_m)
   x = decode_tiles.pad_rows(x_BxD.astype(w_gate_DxF.dtype), mp)
   r = [decode_tiles.pad_rows(inv_rms_B.astype(jnp.float32), mp)] if scaled else []
+  if num_stages is None:
+    num_stages = front_stages(bm, block_d, block_n, w_gate_DxF.dtype.itemsize)
   out = pl.pallas_call(
       functools.partial(_kernel, block_d=block_d, scaled=scaled, rms_eps=rms_eps),
       grid=(mp // bm, f // block_n),
