@@ -50,7 +50,7 @@ def main(argv=None) -> None:
   ap.add_argument("--chunks", type=int, default=32)
   ap.add_argument("--buffers", type=int, default=8, help="logits arrays drawn from in turn (8 x 39 MB > L2)")
   ap.add_argument("--reps", type=int, default=20)
-  ap.add_argument("--configs", default="1x8192x4x1,1x8192x8x1,1x4096x4x2,2x4096x8x1,8x512x4x3",
+  ap.add_argument("--configs", default="1x8192x4x1,1x8192x8x1,1x4096x4x2,1x2048x4x3,1x2048x2x3,2x4096x8x1",
                   help="Pallas versions: block_m x block_n x num_warps x num_stages, comma-separated")
   add_round_args(ap)
   a = ap.parse_args(argv)

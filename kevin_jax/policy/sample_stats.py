@@ -11,10 +11,11 @@ profile). Here program (i, c) walks chunk c of rows [i*block_m, (i+1)*block_m) i
 keeping running maxima and sums rescaled to them (online softmax), and writes the four [block_m] results: one read
 of the logits instead of three.
 
-Numbers: the same fp32 operations as XLA's path (z / T a division, m_masked / T the scaled maximum) but another
-order of summation, and each sum is rescaled when its running maximum grows: the sums differ from XLA's by a few
-fp32 roundings (tests/test_policy_sample_stats.py: relative 1e-6 against the jnp reference). A chunk of -inf only
-gives max -inf and sum 0, as sampler._chunk_stats does.
+Numbers: fp32, with exp((z - m_masked) * (1 / T)) for XLA's exp(z / T - m_masked / T) (a multiply per element, not
+a division and a second rounding), another order of summation, and each sum rescaled when its running maximum
+grows: the sums differ from XLA's by a few fp32 roundings (tests/test_policy_sample_stats.py: relative 2e-6 against
+the jnp reference, which divides as XLA does). A chunk of -inf only gives max -inf and sum 0, as
+sampler._chunk_stats does.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _kernel(t_ref, x_ref, m_raw_ref, s_raw_ref, m_msk_ref, s_sc_ref, *, width: i
             block_n: int, aligned: int):
   c = pl.program_id(1)
   bm = x_ref.shape[0]
-  t = t_ref[0]
+  inv_t = 1.0 / t_ref[0]
   start = c * width
   end = jnp.minimum(start + width, vocab)
   lanes = jnp.arange(block_n, dtype=jnp.int32)
@@ -72,8 +73,8 @@ def _kernel(t_ref, x_ref, m_raw_ref, s_raw_ref, m_msk_ref, s_sc_ref, *, width: i
     safe = _safe(m_raw_new)
     s_raw = s_raw * jnp.exp(m_raw - safe) + jnp.exp(x - safe[:, None]).sum(axis=1)
     m_msk_new = jnp.maximum(m_msk, z.max(axis=1))
-    safe_sc = _safe(m_msk_new / t)
-    s_sc = s_sc * jnp.exp(m_msk / t - safe_sc) + jnp.exp(z / t - safe_sc[:, None]).sum(axis=1)
+    safe_msk = _safe(m_msk_new)
+    s_sc = s_sc * jnp.exp((m_msk - safe_msk) * inv_t) + jnp.exp((z - safe_msk[:, None]) * inv_t).sum(axis=1)
     return m_raw_new, s_raw, m_msk_new, s_sc
 
   neg = jnp.full((bm,), -jnp.inf, jnp.float32)
