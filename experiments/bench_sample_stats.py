@@ -5,8 +5,8 @@ passes over the [B, V] fp32 logits) against the Pallas pass of policy/sample_sta
 
 0.5B shape (V = 151,936), B = 64, temperature 0.9, no top-k / top-p, 32 chunks: the bench_sampler case. Each timed
 program draws from `--buffers` logits arrays in turn (more bytes than the 50 MB L2 cache; in a decode step the
-logits come fresh from the LM head's GEMM), `--reps` times in a jitted fori_loop, and reports microseconds per
-draw. Versions alternate (A B A B). Also checks each version's tokens and log-probs against XLA's. Writes
+logits come fresh from the LM head's GEMM); `--reps` such programs run back to back, and the script reports
+microseconds per draw. Versions alternate (A B A B). Also checks each version's tokens and log-probs against XLA's. Writes
 results.json and prints a table.
 """
 
@@ -49,7 +49,8 @@ def main(argv=None) -> None:
                   "distribution (a tokenizer smaller than the embedding)")
   ap.add_argument("--chunks", type=int, default=32)
   ap.add_argument("--buffers", type=int, default=8, help="logits arrays drawn from in turn (8 x 39 MB > L2)")
-  ap.add_argument("--reps", type=int, default=20)
+  ap.add_argument("--reps", type=int, default=200, help="programs timed per version (20, ~8 ms of GPU work, gave "
+                  "times 30 %% apart between two calls on one H100)")
   ap.add_argument("--configs", default="1x8192x4x1,1x8192x8x1,1x4096x4x2,1x2048x4x3,1x2048x2x3,2x4096x8x1",
                   help="Pallas versions: block_m x block_n x num_warps x num_stages, comma-separated")
   add_round_args(ap)

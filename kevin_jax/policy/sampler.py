@@ -26,6 +26,8 @@ Sampling. temperature == 0 is greedy (argmax of the raw logits). Otherwise logit
 ties at the threshold are all kept), then a Gumbel-max draw. Token ids the tokenizer cannot produce (Qwen's
 padded embedding rows) are never sampled. Randomness is per prompt: prompt i (global index in the call) uses
 fold_in(PRNGKey(seed), i), then fold_in(step), so results do not depend on chunking or on the other prompts.
+The draw and both log-probs need each vocabulary chunk's maximum and sums of exp (sample_logits); without top-k /
+top-p, on a GPU, one Pallas pass over the logits computes them (policy/sample_stats.py; `STATS`), else XLA.
 
 Log-probabilities. `logprobs[i][t]` = log_softmax(raw model logits)[token], i.e. log pi_theta(token | prefix) of
 the unmodified policy at temperature 1 over the full model vocabulary, computed in fp32 from the same forward pass
@@ -70,9 +72,9 @@ _FINISH = ("length", "eos", "stop")
 _NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
 _DECODE_HEAD = ("xla", "auto", "pallas", "interpret")
 _STATS = ("xla", "auto", "pallas", "interpret")
-STATS = "auto"  # sample_logits' default `stats`: the one-pass kernel on a GPU. On an H100 (0.5B, B = 64, T = 0.9) the
-               # draw alone took 36.5 / 42.4 against 50.3 / 51.0 us per step with XLA's three passes; bench_sampler
-               # +0.2 % (BENCHMARKS.md "Sampler", thirty-fourth session)
+STATS = "auto"  # sample_logits' default `stats`: the one-pass kernel on a GPU. On an H100 (0.5B, B = 64, T = 0.9) it
+               # took 24.1 us per decode step in a profile, where XLA's three passes took 15 + 11.8 + 11.2; with the
+               # front's 4 stages, bench_sampler +0.9 % (BENCHMARKS.md "Sampler", thirty-fourth session)
 TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode_loop is traced (tests assert no recompilation)
 
 
