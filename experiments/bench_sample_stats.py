@@ -6,8 +6,8 @@ passes over the [B, V] fp32 logits) against the Pallas pass of policy/sample_sta
 0.5B shape (V = 151,936), B = 64, temperature 0.9, no top-k / top-p, 32 chunks: the bench_sampler case. Each timed
 program draws from `--buffers` logits arrays in turn (more bytes than the 50 MB L2 cache; in a decode step the
 logits come fresh from the LM head's GEMM); `--reps` such programs run back to back, and the script reports
-microseconds per draw. Versions alternate (A B A B). Also checks each version's tokens and log-probs against XLA's. Writes
-results.json and prints a table.
+microseconds per draw. Versions alternate (A B A B). Also checks each version's tokens and log-probs against
+XLA's. Writes results.json and prints a table.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from experiments.bench_decode_mlp import add_round_args, print_table, run_rounds  # pylint: disable=wrong-import-position
+from experiments.bench_decode_mlp import (  # pylint: disable=wrong-import-position
+    add_round_args, print_table, run_rounds)
 from kevin_jax.policy import sample_stats, sampler  # pylint: disable=wrong-import-position
 
 

@@ -77,6 +77,7 @@ def test_stats_impl_rules():
   assert impl("auto") == ("pallas" if jax.default_backend() == "gpu" else "xla")
   assert impl("pallas", greedy=True) == impl("pallas", top_k=50) == impl("pallas", use_top_p=True) == "xla"
   assert impl("pallas", vocab=500) == impl("pallas", reduce_chunks=1) == "xla"  # fewer than 2 chunks
+  assert impl("auto", scalar_temperature=False) == "xla"  # a per-row temperature: XLA's path
   with pytest.raises(ValueError, match="stats must be one of"):
     impl("cuda")
 

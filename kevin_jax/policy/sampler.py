@@ -69,7 +69,7 @@ from kevin_jax.policy.model import KVCache, Qwen2
 Array = jax.Array
 STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are matched on the host only)
 _FINISH = ("length", "eos", "stop")
-_NEG = -1e30  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
+_NEG = sample_stats.NEG  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
 _DECODE_HEAD = ("xla", "auto", "pallas", "interpret")
 _STATS = ("xla", "auto", "pallas", "interpret")
 STATS = "auto"  # sample_logits' default `stats`: the one-pass kernel on a GPU. On an H100 (0.5B, B = 64, T = 0.9) it
@@ -146,13 +146,13 @@ class SamplerOutput:
 
 
 def _chunked(x_BxV: Array, chunks: int) -> Array | None:
-  """[B, C, W] view of x padded with -inf to C * W columns, C = min(chunks, V // 256); None if C < 2."""
+  """[B, C, W] view of x padded with -inf to C * W columns, (C, W) = sample_stats.chunk_layout (C = min(chunks,
+  V // 256)); None if C < 2."""
   b, v = x_BxV.shape
-  chunks = min(chunks, v // 256)
-  if chunks < 2:
+  c, width = sample_stats.chunk_layout(v, chunks)
+  if c < 2:
     return None
-  width = -(-v // chunks)
-  return jnp.pad(x_BxV, ((0, 0), (0, chunks * width - v)), constant_values=-jnp.inf).reshape(b, chunks, width)
+  return jnp.pad(x_BxV, ((0, 0), (0, c * width - v)), constant_values=-jnp.inf).reshape(b, c, width)
 
 
 def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
@@ -234,16 +234,17 @@ def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Arr
   return (chunk_B * w + j_B).astype(jnp.int32)
 
 
-def stats_impl(stats: str, vocab: int, reduce_chunks: int, top_k: int, greedy: bool, use_top_p: bool) -> str:
+def stats_impl(stats: str, vocab: int, reduce_chunks: int, top_k: int, greedy: bool, use_top_p: bool,
+               scalar_temperature: bool = True) -> str:
   """sample_logits' `stats` for these settings, 'auto' resolved: 'xla' | 'pallas' | 'interpret'. The kernel serves
   temperature sampling over >= 2 chunks only (no top-k / top-p: they change the distribution first; greedy needs
-  no sums of the scaled logits)."""
+  no sums of the scaled logits); 'auto' also leaves a per-row temperature to XLA (the kernel takes a scalar)."""
   if stats not in _STATS:
     raise ValueError(f"stats must be one of {_STATS}, got {stats!r}")
   if greedy or top_k > 0 or use_top_p or sample_stats.chunk_layout(vocab, reduce_chunks)[0] < 2:
     return "xla"
   if stats == "auto":
-    return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return "pallas" if jax.default_backend() == "gpu" and scalar_temperature else "xla"
   return stats
 
 
@@ -258,7 +259,7 @@ def sample_logits(logits_BxV: Array, keys_B: Array, temperature: Array, top_p: A
   chunks' Gumbel-perturbed masses tie to within that rounding."""
   logits_BxV = logits_BxV.astype(jnp.float32)
   v = logits_BxV.shape[-1]
-  impl = stats_impl(stats, v, reduce_chunks, top_k, greedy, use_top_p)
+  impl = stats_impl(stats, v, reduce_chunks, top_k, greedy, use_top_p, jnp.size(temperature) == 1)
 
   def logp_of(x_BxV, token_B, m_BxC, s_BxC=None):  # log_softmax(x)[token] without a [B, V] log-softmax
     return (jnp.take_along_axis(x_BxV, token_B[:, None], axis=-1)[:, 0]
