@@ -41,8 +41,8 @@
 #   bash experiments/decode_kernels_ab.sh 5s    # part 5 with PART5S's variants: the sampling step's chunk statistics
 #                                               # from XLA, the SwiGLU front with 3 stages (~4.5 min at AB_S=270)
 #   bash experiments/decode_kernels_ab.sh ks    # the chunk statistics kernel alone against XLA's passes, by block
-#                                               # shape; the SwiGLU front alone with the norm inside, by stages
-#                                               # (~1 min)
+#                                               # shape; the SwiGLU front alone with the norm inside, part 1's
+#                                               # front configs (~1 min)
 #   bash experiments/decode_kernels_ab.sh o     # the o projection, q/k/v and down kernels alone by loop length and
 #                                               # program count, then the o kernel's row blocks end to end (PART5O;
 #                                               # ~7 min at AB_S=210)
@@ -141,10 +141,9 @@ PART5O=("inout:$inout" "om32:$inout --kernel-opts decode_oproj.out_proj_residual
 # SwiGLU front with 4 pipeline stages (3 then). On an H100 the statistics gained +0.2 % (a row's chunk in one tile;
 # 8-row, 512-column tiles: 1.000), the front +0.6 % (with 132 column programs of 32-48 columns instead: 0.998); both
 # are the defaults since, so against `inout` now the variants turn them off. Part ks: the statistics kernel alone by
-# block shape, and the front alone with the norm inside by stages.
+# block shape, and the front alone with the norm inside (part 1's front configs).
 PART5S=("inout:$inout" "xstats:$inout --kernel-opts sampler.sample_logits:stats=xla"
         "front3s:$inout --kernel-opts decode_mlp.swiglu_front:num_stages=3")
-FRONT_SWEEP="64x128x4x4,64x128x4x3,64x64x4x5,64x64x4x6"
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -202,8 +201,7 @@ tests/test_policy_decode_qkv.py::test_triton_kernel_on_gpu tests/test_policy_sam
 tests/test_policy_decode_mlp.py::test_triton_kernel_on_gpu \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     ks) stages+=("sample_stats=90=python3 experiments/bench_sample_stats.py --out \$OUT/sample_stats"
-                 "front=120=python3 experiments/bench_decode_mlp.py --shapes 0.5b --batches 64 --parts front \
---front-norm --configs $FRONT_SWEEP --out \$OUT/front") ;;
+                 "$(mlp_stage 120 front "" --front-norm)") ;;
     ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_sample_stats.py \
 tests/test_policy_decode_mlp.py::test_triton_kernel_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;

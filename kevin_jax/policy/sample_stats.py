@@ -45,7 +45,7 @@ def chunk_layout(vocab: int, chunks: int) -> tuple[int, int]:
   return c, (-(-vocab // c) if c >= 1 else vocab)
 
 
-def _safe(m: Array) -> Array:
+def safe_max(m: Array) -> Array:
   """A running maximum to subtract: -inf (nothing finite seen yet) becomes 0, so exp(-inf - 0) = 0, not NaN."""
   return jnp.where(m == -jnp.inf, 0.0, m)
 
@@ -74,10 +74,10 @@ def _kernel(t_ref, x_ref, m_raw_ref, s_raw_ref, m_msk_ref, s_sc_ref, *, width: i
     z = jnp.where(new & (cols >= valid_vocab)[None, :], NEG, x) if valid_vocab < vocab else x
 
     m_raw_new = jnp.maximum(m_raw, x.max(axis=1))
-    safe = _safe(m_raw_new)
+    safe = safe_max(m_raw_new)
     s_raw = s_raw * jnp.exp(m_raw - safe) + jnp.exp(x - safe[:, None]).sum(axis=1)
     m_msk_new = jnp.maximum(m_msk, z.max(axis=1))
-    safe_msk = _safe(m_msk_new)
+    safe_msk = safe_max(m_msk_new)
     s_sc = s_sc * jnp.exp((m_msk - safe_msk) * inv_t) + jnp.exp((z - safe_msk[:, None]) * inv_t).sum(axis=1)
     return m_raw_new, s_raw, m_msk_new, s_sc
 
@@ -138,7 +138,7 @@ def reference(logits_BxV: Array, temperature: Array, *, chunks: int, valid_vocab
   z = jnp.where((cols >= valid_vocab) & (cols < v), NEG, x)
   x, z = x.reshape(b, c, width), z.reshape(b, c, width)
   m_raw, m_msk = x.max(axis=-1), z.max(axis=-1)
-  s_raw = jnp.exp(x - _safe(m_raw)[..., None]).sum(axis=-1)
+  s_raw = jnp.exp(x - safe_max(m_raw)[..., None]).sum(axis=-1)
   m_sc = m_msk / temperature
-  s_sc = jnp.exp(z / temperature - _safe(m_sc)[..., None]).sum(axis=-1)
+  s_sc = jnp.exp(z / temperature - safe_max(m_sc)[..., None]).sum(axis=-1)
   return m_raw, s_raw, m_msk, s_sc

@@ -191,7 +191,7 @@ def _chunks_logsumexp(m_BxC: Array, s_BxC: Array) -> Array:
   # The barrier keeps XLA from merging max_c(max_w x) into one reduction of its own over all of x: in the decode
   # step's HLO that was another full pass over the [B, V] logits (and a second stage) per logsumexp.
   m_B = jnp.max(jax.lax.optimization_barrier(m_BxC), axis=-1)
-  m_B = jnp.where(jnp.isneginf(m_B), 0.0, m_B)  # an all -inf row: log(0) = -inf below
+  m_B = sample_stats.safe_max(m_B)  # an all -inf row: log(0) = -inf below
   return m_B + jnp.log(jnp.sum(s_BxC * jnp.exp(m_BxC - m_B[:, None]), axis=-1))
 
 
@@ -205,7 +205,7 @@ def _chunk_stats(x_BxCxW: Array, m_BxC: Array | None = None) -> tuple[Array, Arr
   """Per chunk: its maximum m (computed unless given) and sum(exp(x - m)) (-inf and 0 for an all -inf chunk)."""
   if m_BxC is None:
     m_BxC = jnp.max(x_BxCxW, axis=-1)
-  safe_BxC = jnp.where(jnp.isneginf(m_BxC), 0.0, m_BxC)  # exp(-inf - 0) = 0, where exp(-inf - -inf) is NaN
+  safe_BxC = sample_stats.safe_max(m_BxC)  # exp(-inf - 0) = 0, where exp(-inf - -inf) is NaN
   return m_BxC, jnp.sum(jnp.exp(x_BxCxW - safe_BxC[..., None]), axis=-1)
 
 
