@@ -60,8 +60,11 @@
 #                                               # the kernel alone against XLA's head + sample_logits by block shape;
 #                                               # with part 5: `AB_S=240 ... h+5 new: "head:--decode-head pallas"`
 #   bash experiments/decode_kernels_ab.sh 2     # every policy GPU test (the kernels' own and the sampler's)
-#   bash experiments/decode_kernels_ab.sh ns    # only the GPU tests of the thirty-fourth session's defaults: the
-#                                               # chunk statistics kernel, the front (4 stages)
+#   bash experiments/decode_kernels_ab.sh ns    # only the GPU tests of the thirty-fifth session's change: the q/k/v
+#                                               # kernel's (with its prefetch), the sampler's with the kernels
+#   bash experiments/decode_kernels_ab.sh 5p    # part 5 with PART5P's variants: the q/k/v kernel's prefetch of the
+#                                               # attention's first cache blocks (~6 min at AB_S=360)
+#   bash experiments/decode_kernels_ab.sh pp    # part p with that prefetch (4 blocks per split)
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
 #                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
@@ -144,6 +147,11 @@ PART5O=("inout:$inout" "om32:$inout --kernel-opts decode_oproj.out_proj_residual
 # block shape, and the front alone with the norm inside (part 1's front configs).
 PART5S=("inout:$inout" "xstats:$inout --kernel-opts sampler.sample_logits:stats=xla"
         "front3s:$inout --kernel-opts decode_mlp.swiglu_front:num_stages=3")
+# PART5P: the q/k/v kernel's extra programs load the cache blocks that the attention kernel, next, reads first (the
+# first 2 or 4 blocks of each balanced split's share: 8.4 or 16.8 MB of the ~50 MB per layer at B = 64), so that
+# it finds them in L2; pf4l with the L2 eviction policy evict_last. Part pp: part p's profile with pf4.
+pf_opts="--kernel-opts decode_qkv.qkv_rope_cache:prefetch_blocks"
+PART5P=("inout:$inout" "pf2:$inout $pf_opts=2" "pf4:$inout $pf_opts=4" "pf4l:$inout $pf_opts=4,prefetch_evict=evict_last")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -162,7 +170,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p ncu 5a 5c 5d 5s ks n ns" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p pp ncu 5a 5c 5d 5s 5p ks n ns" \
        "2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
@@ -202,8 +210,8 @@ tests/test_policy_decode_mlp.py::test_triton_kernel_on_gpu \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     ks) stages+=("sample_stats=90=python3 experiments/bench_sample_stats.py --out \$OUT/sample_stats"
                  "$(mlp_stage 120 front "" --front-norm)") ;;
-    ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_sample_stats.py \
-tests/test_policy_decode_mlp.py::test_triton_kernel_on_gpu") ;;
+    ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_qkv.py \
+tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
@@ -215,7 +223,7 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
 --out \$OUT/mlp$tag")
         done
         ;;
-    5a|5c|5d|5s) variants="PART${part^^}[@]"  # PART5A, 5C, 5D or 5S, each against its `inout`
+    5a|5c|5d|5s|5p) variants="PART${part^^}[@]"  # PART5A, 5C, 5D, 5S or 5P, each against its `inout`
         ab_stages "$bench" "${!variants}"
         stages+=("$table_inout") ;;
     o) stages+=("$(mlp_stage 150 oproj,down "$DOWN_SWEEP" "--oproj-configs $OPROJ_SWEEP")"
@@ -223,6 +231,7 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
        ab_stages "$bench" "${PART5O[@]}"
        stages+=("$table_inout") ;;
     p) stages+=("prof=180=python3 $prof --new-tokens 1024 $inout --out \$OUT/prof") ;;
+    pp) stages+=("prof_pf=180=python3 $prof --new-tokens 1024 $inout $pf_opts=4 --out \$OUT/prof_pf") ;;
     ncu) stages+=("ncu=240=ncu --clock-control none --target-processes all --kernel-name regex:kevin_decode \
 --launch-skip 2400 --launch-count 10 --section SpeedOfLight --section LaunchStats --section Occupancy \
 --section WarpStateStats --section SchedulerStats python3 $bench --new-tokens 64 $inout --out \$OUT/ncu_bench") ;;

@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kevin_jax.policy import decode_attention
+from kevin_jax.policy import decode_qkv
 from kevin_jax.policy import get_preset
-from kevin_jax.policy.decode_attention import padded_rows
-from kevin_jax.policy.decode_qkv import qkv_rope_cache, supported
+from kevin_jax.policy.decode_attention import SlotRanges, padded_rows
+from kevin_jax.policy.decode_qkv import qkv_rope_cache, split_block, supported
 from kevin_jax.policy.model import apply_rope, rope_cos_sin
 from tests.test_common import assert_sampler_same_with_kernel
 
@@ -132,6 +134,67 @@ def test_sampler_same_tokens_with_the_kernel_and_pallas_attention():
                                   decode_attention="interpret")
 
 
+def _lowered_grid_and_aliases(*args, **kw):
+  text = jax.jit(qkv_rope_cache, static_argnames=("prefetch_splits", "prefetch_blocks")).trace(
+      *args, **kw).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+  grid = tuple(int(g) for g in re.findall(r"grid_[xyz] = (\d+)", text))
+  return grid, re.findall(r"output_operand_alias<output_tuple_indices = \[(\d)\], operand_index = (\d+)", text)
+
+
+@pytest.mark.parametrize("splits,blocks,evict", [(2, 2, None), (1, 3, "evict_last"), (4, 1, None)])
+def test_prefetch_leaves_the_outputs_unchanged(splits, blocks, evict):
+  """The prefetch programs (one per row, KV head and attention split) only load: q and both caches are bitwise
+  the same with and without them, and in the Triton call they follow the projection's programs."""
+  x, weights, cos, sin, caches, slot = _case(32, 128, 14, 2, 64, 256, jnp.bfloat16, seed=2)
+  ranges = SlotRanges(prompt_len_B=jnp.arange(32, dtype=jnp.int32) * 3 + 10, gen_len=jnp.int32(40), gen_start=128)
+  pf = dict(prefetch_ranges=ranges, prefetch_splits=splits, prefetch_blocks=blocks)
+  base = qkv_rope_cache(x, *weights, cos, sin, *caches, 167, block_m=16, interpret=True)
+  got = qkv_rope_cache(x, *weights, cos, sin, *caches, 167, block_m=16, interpret=True, prefetch_evict=evict, **pf)
+  for a, b in zip(got, base):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  args = (x, *weights, cos, sin, *caches, jnp.int32(167))
+  grid, aliases = _lowered_grid_and_aliases(*args)
+  assert grid == (1, (14 + 2 * 2) * 2, 1)  # 32 rows in one block; 2 programs per 64-wide head
+  grid_pf, aliases_pf = _lowered_grid_and_aliases(*args, **pf)
+  assert grid_pf == (1, (14 + 2 * 2) * 2 + 32 * 2 * splits, 1)
+  assert aliases == aliases_pf == [("1", "10"), ("2", "11")]
+  with pytest.raises(ValueError, match="multiples of 64"):
+    qkv_rope_cache(x, *weights, cos, sin, caches[0][:, :, :200], caches[1][:, :, :200], 167, interpret=True, **pf)
+
+
+def test_split_block_is_the_attention_splits_share():
+  """split_block against the balanced splits written out: a row's visible blocks (the prompt's, then the generated
+  ones from gen_start) in order, shared in runs of ceil(n / splits); past the last, the last."""
+  rng = np.random.default_rng(3)
+  for _ in range(200):
+    bk, gen_start = 64, 64 * int(rng.integers(1, 20))
+    plen, glen = int(rng.integers(1, gen_start + 1)), int(rng.integers(1, 500))
+    splits = int(rng.choice([1, 2, 3, 4, 8]))
+    blocks = list(range(-(-plen // bk))) + [gen_start // bk + j for j in range(-(-glen // bk))]
+    per = -(-len(blocks) // splits)
+    for s in range(splits):
+      for u in range(3):
+        want = blocks[min(s * per + u, len(blocks) - 1)]
+        assert int(split_block(plen, glen, s, u, splits, bk, gen_start)) == want, (plen, glen, splits, s, u)
+
+
+def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
+  """The sampler with the q/k/v kernel's prefetch on (2 blocks per split) and the Pallas attention (interpret):
+  the same tokens as the XLA path; the model passed the prefetch its slot ranges and the attention's split count."""
+  seen = []
+  orig = decode_qkv.qkv_rope_cache
+
+  def with_prefetch(*args, **kw):
+    seen.append((kw.get("prefetch_ranges") is not None, kw.get("prefetch_splits")))
+    return orig(*args, **kw, prefetch_blocks=2)
+
+  monkeypatch.setattr(decode_qkv, "qkv_rope_cache", with_prefetch)
+  assert_sampler_same_with_kernel("decode_qkv", max_new_tokens=24, batch_size=16, head_dim=32,
+                                  decode_attention="interpret")
+  assert seen and all(s == (True, decode_attention.default_splits(16, 2, 64 + 64)) for s in seen), seen
+
+
 def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_qkv"):
     get_preset("tiny", decode_qkv="triton")
@@ -175,3 +238,24 @@ def test_triton_kernel_on_gpu(dtype, b, block_m, block_w):
     _check(got, want, 2, 7, rtol=2e-5, atol=2e-5)
   else:
     _check(got, want, 2, 7, rtol=2 ** -8, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks,evict", [(4, None), (4, "evict_last")])
+def test_prefetch_on_gpu(blocks, evict):
+  """Compiled by Triton with the prefetch programs (0.5B attention shape, B = 64, 2,048 slots, 2 splits): q and
+  the caches bitwise as without them."""
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("JAX sees no GPU (run with JAX_PLATFORMS=cuda,cpu)")
+  x, weights, cos, sin, caches, _ = _case(64, 896, 14, 2, 64, 2048, jnp.bfloat16, seed=4)
+  with jax.default_device(dev):
+    ranges = SlotRanges(prompt_len_B=jnp.arange(64, dtype=jnp.int32) * 15 + 40, gen_len=jnp.int32(300),
+                        gen_start=1024)
+    base = qkv_rope_cache(x, *weights, cos, sin, *caches, 1323)
+    got = qkv_rope_cache(x, *weights, cos, sin, *caches, 1323, prefetch_ranges=ranges, prefetch_splits=2,
+                         prefetch_blocks=blocks, prefetch_evict=evict)
+  for a, b in zip(got, base):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  _check(got, _reference(x, weights, cos, sin, caches, 1323), 2, 7, rtol=2 ** -8, atol=1e-5)

@@ -102,6 +102,11 @@ def supported(num_slots: int, gen_start: int, head_dim: int, block_k: int = BLOC
   return num_slots % block_k == 0 and gen_start % block_k == 0 and head_dim % 16 == 0
 
 
+def default_splits(batch: int, kv_heads: int, num_slots: int, block_k: int = BLOCK_K) -> int:
+  """The splits per row and KV head that decode_attention uses with num_splits=0 (its default)."""
+  return _num_splits(batch, kv_heads, num_slots // block_k)
+
+
 def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
   n = 1
   while batch * kv_heads * n * 2 <= _TARGET_PROGRAMS and num_blocks % (n * 2) == 0:

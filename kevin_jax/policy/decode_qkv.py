@@ -37,6 +37,7 @@ the decode step and bench_sampler ran 44,371 against 43,973 decode tok/s (+0.9 %
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -53,8 +54,53 @@ BLOCK_W = 16  # Columns of each half-head per program (Triton's smallest matmul 
 BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
 MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
+PREFETCH_BLOCKS = 0  # qkv_rope_cache's prefetch of the attention's first cache blocks per split (0: off; not yet
+                     # measured on a GPU)
+PREFETCH_EVICT = None  # its loads' L2 eviction policy (None: the default; or 'evict_last')
 NUM_STAGES = 5  # Pipeline stages: alone at the 0.5B shape, B = 64, 10.00 us per layer against 10.74 with 3 (7 took
                 # 10.21); end to end with decode_mlp's DOWN_SPLITS (BENCHMARKS.md "Sampler", twenty-sixth session).
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefetch:
+  """The prefetch of the cache blocks the attention kernel reads first (static): decode_attention's balanced
+  splits per row and KV head, `blocks` of its `block_k` slots from the start of each split's share, the L2
+  eviction policy of the loads (None: the default), and the prompt bucket (the generated slots' start)."""
+  splits: int
+  blocks: int
+  block_k: int
+  gen_start: int
+  evict: str | None = None
+
+
+def split_block(prompt_len, gen_len, s, u, splits: int, block_k: int, gen_start: int):
+  """The cache block (of block_k slots) that split s of decode_attention's balanced splits reads u-th: a row's
+  visible blocks, the prompt's [0, ceil(prompt_len / block_k)) then the generated ones from gen_start / block_k,
+  are numbered in that order and shared in runs of ceil(n / splits). Past the row's last visible block: that block
+  (scalars or arrays, in a kernel or not)."""
+  n_prompt = (prompt_len + block_k - 1) // block_k
+  n = n_prompt + (gen_len + block_k - 1) // block_k
+  v = jnp.minimum(s * ((n + splits - 1) // splits) + u, n - 1)
+  return jnp.where(v < n_prompt, v, gen_start // block_k + v - n_prompt)
+
+
+def _prefetch_blocks(kc_ref, vc_ref, lens_ref, sink_ref, row0, t, kv_heads: int, pf: Prefetch):
+  """Prefetch program t of the row block starting at row0: row row0 + t // (K * splits), KV head and split from
+  the rest. It loads the first pf.blocks visible blocks of that split's share of the row (decode_attention's
+  balanced split: the row's visible blocks, prompt's then generated, in equal runs) from both caches, all issued
+  before any is used, and stores their max in the sink so that the loads are not dropped as dead code. lens_ref:
+  [gen_len, prompt_len_0, ..., prompt_len_{B-1}] (int32)."""
+  per_row = kv_heads * pf.splits
+  row = row0 + t // per_row
+  head, s = (t % per_row) // pf.splits, t % pf.splits
+  tiles = []
+  for u in range(pf.blocks):
+    blk = split_block(lens_ref[1 + row], lens_ref[0], s, u, pf.splits, pf.block_k, pf.gen_start)
+    start = pl.multiple_of(blk * pf.block_k, pf.block_k)
+    for ref in (kc_ref, vc_ref):
+      tiles.append(pl_triton.load(ref.at[row, head, pl.ds(start, pf.block_k), :], eviction_policy=pf.evict))
+  mx = functools.reduce(jnp.maximum, [tile.astype(jnp.float32).max() for tile in tiles])
+  sink_ref[pl.ds(row * per_row + head * pf.splits + s, 1)] = jnp.full((1,), mx, jnp.float32)
 
 
 def row_block(rows: int, block_m: int = BLOCK_M) -> int:
@@ -70,18 +116,25 @@ def supported(rows: int, hidden: int, head_dim: int, block_w: int = BLOCK_W) -> 
 
 
 def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: int, head_dim: int, block_w: int,
-            block_d: int, scaled: bool, rms_eps: float | None):
-  """refs: [1/rms if scaled], the weights and biases of q, k, v, cos, sin, the caches (inputs: aliased, unread),
-  then the outputs q and the caches. rms_eps: the kernel computes 1/rms itself."""
+            block_d: int, scaled: bool, rms_eps: float | None, prefetch: Prefetch | None):
+  """refs: [1/rms if scaled], the weights and biases of q, k, v, cos, sin, the caches (inputs: aliased, read only
+  by the prefetch), [the prefetch's lengths], then the outputs q and the caches, [the prefetch's sink]. rms_eps:
+  the kernel computes 1/rms itself."""
   refs = list(refs)
   r_ref = refs.pop(0) if scaled else None
-  wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, _, __, q_ref, kc_ref, vc_ref = refs
+  pf_refs = (refs.pop(10), refs.pop()) if prefetch else None  # the lengths (after the caches), the sink (last)
+  wq_ref, wk_ref, wv_ref, bq_ref, bk_ref, bv_ref, cos_ref, sin_ref, kc_in, vc_in, q_ref, kc_ref, vc_ref = refs
   i, j = pl.program_id(0), pl.program_id(1)
   bm = x_ref.shape[0]
   half = head_dim // 2
   per_head = half // block_w
   n_q = num_heads * per_head
   n_kv = num_kv_heads * per_head
+  n_cols = n_q + 2 * n_kv  # the projection's programs per row block; prefetch programs follow them
+  if prefetch:
+    @pl.when(j >= n_cols)
+    def _pf():
+      _prefetch_blocks(kc_in, vc_in, *pf_refs, i * bm, j - n_cols, num_kv_heads, prefetch)
   rows = pl.ds(pl.multiple_of(i * bm, bm), bm)
   # Every load the epilogue needs (the slot, biases, cos/sin) is issued before the dot loop, so that its latency
   # overlaps the loop's instead of following it.
@@ -130,7 +183,7 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
     r1, r2 = project(wk_ref, bk_ref, head, p, rope=True)
     store(kc_ref, head, slot, p, r1, r2)
 
-  @pl.when(j >= n_q + n_kv)
+  @pl.when((j >= n_q + n_kv) & (j < n_cols))
   def _v():
     head, p = (j - n_q - n_kv) // per_head, (j - n_q - n_kv) % per_head
     r1, r2 = project(wv_ref, bv_ref, head, p, rope=False)
@@ -138,13 +191,16 @@ def _kernel(slot_ref, x_ref, *refs, num_heads: int, num_kv_heads: int, groups: i
 
 
 @functools.partial(jax.jit, static_argnames=("rms_eps", "block_w", "block_d", "block_m", "num_warps",
-                                             "num_stages", "interpret"))
+                                             "num_stages", "prefetch_splits", "prefetch_blocks", "prefetch_evict",
+                                             "interpret"))
 def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: Array, b_q_NxH: Array,
                    b_k_KxH: Array, b_v_KxH: Array, cos_BxH2: Array, sin_BxH2: Array, k_cache_BxKxSxH: Array,
                    v_cache_BxKxSxH: Array, slot: Array | int, inv_rms_B: Array | None = None, *,
                    rms_eps: float | None = None, block_w: int = BLOCK_W, block_d: int = BLOCK_D,
-                   block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = NUM_STAGES, interpret: bool = False
-                   ) -> tuple[Array, Array, Array]:
+                   block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = NUM_STAGES,
+                   prefetch_ranges: decode_attention.SlotRanges | None = None, prefetch_splits: int = 0,
+                   prefetch_blocks: int = PREFETCH_BLOCKS, prefetch_evict: str | None = PREFETCH_EVICT,
+                   interpret: bool = False) -> tuple[Array, Array, Array]:
   """One decode step's q, and the caches with this step's k and v written at `slot`.
 
   Returns (q [B, K, G_pad, H] in x's dtype, rows [G, G_pad) zero; k cache; v cache). q and k are rotated by the
@@ -153,6 +209,11 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   raw input: the kernel then multiplies each row's projection by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) +
   rms_eps) computed in the kernel, before the bias (the RMSNorm, its scale folded into the weights by the caller:
   RMSNorm.fold).
+
+  prefetch_ranges (the slots the decode step attends) with prefetch_splits > 0 and prefetch_blocks > 0: extra
+  programs, one per row, KV head and split of decode_attention (balanced splits, prefetch_splits of them), load the
+  first prefetch_blocks cache blocks of that split's share with the L2 eviction policy prefetch_evict, for the
+  attention kernel that runs next to find in L2 (see PREFETCH_BLOCKS). The outputs do not change.
   """
   b, d = x_BxD.shape
   _, n, h = w_q_DxNxH.shape
@@ -176,20 +237,31 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   per_head = h // 2 // block_w
   dt = w_q_DxNxH.dtype
   scaled = decode_tiles.check_norm_args(b, inv_rms_B, rms_eps)
+  pf = None
+  if prefetch_ranges is not None and prefetch_splits > 0 and prefetch_blocks > 0:
+    block_k = decode_attention.BLOCK_K
+    if k_cache_BxKxSxH.shape[2] % block_k or prefetch_ranges.gen_start % block_k:
+      raise ValueError(f"the prefetch needs S ({k_cache_BxKxSxH.shape[2]}) and gen_start "
+                       f"({prefetch_ranges.gen_start}) multiples of {block_k}")
+    pf = Prefetch(prefetch_splits, prefetch_blocks, block_k, prefetch_ranges.gen_start, prefetch_evict)
   kernel = functools.partial(_kernel, num_heads=n, num_kv_heads=kh, groups=groups, head_dim=h, block_w=block_w,
-                             block_d=block_d, scaled=scaled, rms_eps=rms_eps)
+                             block_d=block_d, scaled=scaled, rms_eps=rms_eps, prefetch=pf)
   whole = pl.BlockSpec()  # The whole array: the kernel computes its own offsets.
   rows = pl.BlockSpec((bm, d), lambda i, j: (i, 0))
   rope = pl.BlockSpec((bm, h // 2), lambda i, j: (i, 0))
-  q, kc, vc = pl.pallas_call(
+  n_pf = bm * kh * prefetch_splits if pf else 0  # prefetch programs per row block
+  lens = ([jnp.concatenate([jnp.reshape(prefetch_ranges.gen_len, (1,)), prefetch_ranges.prompt_len_B]
+                           ).astype(jnp.int32)] if pf else [])
+  outs = pl.pallas_call(
       kernel,
-      grid=(b // bm, (n + 2 * kh) * per_head),
+      grid=(b // bm, (n + 2 * kh) * per_head + n_pf),
       in_specs=[pl.BlockSpec((1,), lambda i, j: (0,)), rows] + [pl.BlockSpec((bm,), lambda i, j: (i,))] * scaled
-      + [whole, whole, whole, whole, whole, whole, rope, rope, whole, whole],
-      out_specs=[whole, whole, whole],
+      + [whole, whole, whole, whole, whole, whole, rope, rope, whole, whole] + [whole] * bool(pf),
+      out_specs=[whole, whole, whole] + [whole] * bool(pf),
       out_shape=[jax.ShapeDtypeStruct((b, kh, decode_attention.padded_rows(groups), h), x_BxD.dtype),
                  jax.ShapeDtypeStruct(k_cache_BxKxSxH.shape, k_cache_BxKxSxH.dtype),
-                 jax.ShapeDtypeStruct(v_cache_BxKxSxH.shape, v_cache_BxKxSxH.dtype)],
+                 jax.ShapeDtypeStruct(v_cache_BxKxSxH.shape, v_cache_BxKxSxH.dtype)]
+      + [jax.ShapeDtypeStruct((b * kh * prefetch_splits,), jnp.float32)] * bool(pf),  # the prefetch's sink
       input_output_aliases={10 + scaled: 1, 11 + scaled: 2},  # the caches
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
@@ -198,5 +270,5 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
     *([inv_rms_B.astype(jnp.float32)] if scaled else []), w_q_DxNxH.reshape(d, n * h),
     w_k_DxKxH.reshape(d, kh * h), w_v_DxKxH.reshape(d, kh * h), b_q_NxH.reshape(n * h), b_k_KxH.reshape(kh * h),
     b_v_KxH.reshape(kh * h), cos_BxH2.astype(jnp.float32), sin_BxH2.astype(jnp.float32), k_cache_BxKxSxH,
-    v_cache_BxKxSxH)
-  return q, kc, vc
+    v_cache_BxKxSxH, *lens)
+  return outs[0], outs[1], outs[2]

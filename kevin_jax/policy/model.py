@@ -300,9 +300,17 @@ class Attention(nnx.Module):
          for p in (self.q_kernel, self.k_kernel, self.v_kernel)]
     b = [p[...].astype(dt) for p in (self.q_bias, self.k_bias, self.v_bias)]
     inv_rms, eps = _decode_norm_args(cfg, norm, x_BxD)
+    pf = {}
+    s = ck_BxKxSxH.shape[2]
+    if (isinstance(cache_mask_BxS, SlotRanges) and decode_attention.BALANCE
+        and _resolve(cfg.decode_attention, decode_attention.supported(s, cache_mask_BxS.gen_start, cfg.head_dim))
+        in ("pallas", "interpret")):
+      # The q/k/v kernel may prefetch the cache blocks the attention kernel reads first (decode_qkv.PREFETCH_BLOCKS).
+      pf = dict(prefetch_ranges=cache_mask_BxS,
+                prefetch_splits=decode_attention.default_splits(x_BxD.shape[0], cfg.num_kv_heads, s))
     q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
         x_BxD.astype(dt), *w, *b, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, inv_rms, rms_eps=eps,
-        interpret=interpret)
+        interpret=interpret, **pf)
     o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
                                        groups=cfg.num_groups, padded=padded)
     return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
