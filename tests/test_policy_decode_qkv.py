@@ -190,6 +190,7 @@ def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
     return orig(*args, **kw, prefetch_blocks=2)
 
   monkeypatch.setattr(decode_qkv, "qkv_rope_cache", with_prefetch)
+  jax.clear_caches()  # the sampler's decode loop may be compiled already (an earlier test): trace it again
   assert_sampler_same_with_kernel("decode_qkv", max_new_tokens=24, batch_size=16, head_dim=32,
                                   decode_attention="interpret")
   assert seen and all(s == (True, decode_attention.default_splits(16, 2, 64 + 64)) for s in seen), seen
