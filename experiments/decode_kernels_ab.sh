@@ -149,9 +149,9 @@ PART5S=("inout:$inout" "xstats:$inout --kernel-opts sampler.sample_logits:stats=
         "front3s:$inout --kernel-opts decode_mlp.swiglu_front:num_stages=3")
 # PART5P: the q/k/v kernel's extra programs load the cache blocks that the attention kernel, next, reads first (the
 # first 2 or 4 blocks of each balanced split's share: 8.4 or 16.8 MB of the ~50 MB per layer at B = 64), so that
-# it finds them in L2; pf4l with the L2 eviction policy evict_last. Part pp: part p's profile with pf4.
+# it finds them in L2 (1 block: 4.2 MB). Part pp: part p's profile with pf4. Part nq: the prefetch's GPU tests.
 pf_opts="--kernel-opts decode_qkv.qkv_rope_cache:prefetch_blocks"
-PART5P=("inout:$inout" "pf2:$inout $pf_opts=2" "pf4:$inout $pf_opts=4" "pf4l:$inout $pf_opts=4,prefetch_evict=evict_last")
+PART5P=("inout:$inout" "pf1:$inout $pf_opts=1" "pf2:$inout $pf_opts=2" "pf4:$inout $pf_opts=4")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -170,7 +170,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p pp ncu 5a 5c 5d 5s 5p ks n ns" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p pp ncu 5a 5c 5d 5s 5p ks n ns nq" \
        "2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
@@ -212,6 +212,8 @@ tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
                  "$(mlp_stage 120 front "" --front-norm)") ;;
     ns) stages+=("new_tests=150=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_qkv.py \
 tests/test_policy_gpu.py::test_decode_kernel_sampler_on_gpu") ;;
+    nq) stages+=("pf_tests=120=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu tests/test_policy_decode_qkv.py \
+-k prefetch") ;;
     2n) stages+=("gpu_tests_new=${TESTS_S:-200}=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu $gpu_tests_new") ;;
     3) if [ $# -gt 0 ]; then ab_stages "$prof" "$@"; else ab_stages "$prof" "${PART3[@]}"; fi ;;
     3b) ab_stages "$prof" "${PART3B[@]}" ;;
