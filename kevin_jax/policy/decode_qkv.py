@@ -33,6 +33,15 @@ multiplying the x slice by the norm scale before the dots is what costs (experim
 The epilogue's loads (the slot, the biases, cos/sin) are issued before the dot loop, so their latency overlaps the
 loop's: with the o projection kernel's residual loaded early too, the kernel took 7.2 against 7.8 us per layer in
 the decode step and bench_sampler ran 44,371 against 43,973 decode tok/s (+0.9 %, H100, thirty-third session).
+
+The prefetch (thirty-fifth session): the attention kernel that runs next is bound by its cache reads (~50 MB per
+layer at B = 64), while this kernel's 36 programs leave most SMs and most of the memory bandwidth idle. Extra
+programs (one per row, KV head and attention split) load the first PREFETCH_BLOCKS blocks of each split's share of
+the cache into L2. On an H100 (0.5B shape, B = 64, decode_norm 'inside', decode_out 'pallas'), 4 blocks (16.8 MB
+per layer) took the attention from 21.0 to 18.1 us per layer but this kernel from 7.3 to 10.9 (12.0 when the loads
+were held in registers instead of feeding dots); 2 blocks ran bench_sampler +0.4 % in two calls (45,822 against
+45,650 and 45,642 against 45,468 decode tok/s, every 2-block run above every run without), 4 blocks -1.4 % and
+-3.0 %. The outputs do not change (tests, in interpret mode and on the GPU).
 """
 
 from __future__ import annotations
@@ -54,9 +63,10 @@ BLOCK_W = 16  # Columns of each half-head per program (Triton's smallest matmul 
 BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
 MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
-PREFETCH_BLOCKS = 0  # qkv_rope_cache's prefetch of the attention's first cache blocks per split (0: off; not yet
-                     # measured on a GPU)
-PREFETCH_EVICT = None  # its loads' L2 eviction policy (None: the default; or 'evict_last')
+PREFETCH_BLOCKS = 2  # qkv_rope_cache's prefetch: the attention's first cache blocks per split (0: off). At the
+                     # 0.5B shape, B = 64, on an H100: +0.4 % end to end with 2 (8.4 MB per layer), -1.4 % with 4
+                     # (module docstring)
+PREFETCH_EVICT = None  # its loads' L2 eviction policy (None: the default; 'evict_last' lost 0.5 % more with 4 blocks)
 NUM_STAGES = 5  # Pipeline stages: alone at the 0.5B shape, B = 64, 10.00 us per layer against 10.74 with 3 (7 took
                 # 10.21); end to end with decode_mlp's DOWN_SPLITS (BENCHMARKS.md "Sampler", twenty-sixth session).
 
