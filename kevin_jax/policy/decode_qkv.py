@@ -39,9 +39,10 @@ layer at B = 64), while this kernel's 36 programs leave most SMs and most of the
 programs (one per row, KV head and attention split) load the first PREFETCH_BLOCKS blocks of each split's share of
 the cache into L2. On an H100 (0.5B shape, B = 64, decode_norm 'inside', decode_out 'pallas'), 4 blocks (16.8 MB
 per layer) took the attention from 21.0 to 18.1 us per layer but this kernel from 7.3 to 10.9 (12.0 when the loads
-were held in registers instead of feeding dots); 2 blocks ran bench_sampler +0.4 % in two calls (45,822 against
-45,650 and 45,642 against 45,468 decode tok/s, every 2-block run above every run without), 4 blocks -1.4 % and
--3.0 %. The outputs do not change (tests, in interpret mode and on the GPU).
+were held in registers instead of feeding dots); 2 blocks ran bench_sampler +0.4 %, +0.4 % and +0.6 % in three
+calls (45,432 against 45,171 decode tok/s in the last; every 2-block run above every run without), 3 blocks -1.1 %,
+4 blocks -1.4 % and -3.0 % (BENCHMARKS.md "Sampler", thirty-fifth session). The outputs do not change (tests, in
+interpret mode and on the GPU).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
 MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
 PREFETCH_BLOCKS = 2  # qkv_rope_cache's prefetch: the attention's first cache blocks per split (0: off). At the
-                     # 0.5B shape, B = 64, on an H100: +0.4 % end to end with 2 (8.4 MB per layer), -1.4 % with 4
-                     # (module docstring)
+                     # 0.5B shape, B = 64, on an H100: +0.4 to +0.6 % end to end with 2 (8.4 MB per layer), -1.1 %
+                     # with 3, -1.4 % with 4 (module docstring)
 PREFETCH_EVICT = None  # its loads' L2 eviction policy (None: the default; 'evict_last' lost 0.5 % more with 4 blocks)
 NUM_STAGES = 5  # Pipeline stages: alone at the 0.5B shape, B = 64, 10.00 us per layer against 10.74 with 3 (7 took
                 # 10.21); end to end with decode_mlp's DOWN_SPLITS (BENCHMARKS.md "Sampler", twenty-sixth session).
