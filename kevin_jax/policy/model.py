@@ -38,7 +38,8 @@ bucket of P tokens into slots [0, P) and writes generated token i to slot P + i 
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
 policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
-RoPE and cache write may run as one after XLA's input RMSNorm (cfg.decode_qkv, policy/decode_qkv.py), and its o
+RoPE and cache write may run as one after XLA's input RMSNorm (cfg.decode_qkv, policy/decode_qkv.py; with the
+Pallas attention it also loads the cache blocks that kernel reads first into L2), and its o
 projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py), and the residual add after the
 MLP with the next layer's input norm as a third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then
 takes that normed input). So Attention and MLP take the residual stream and their norm. With cfg.decode_norm 'fold'
@@ -195,6 +196,11 @@ def _resolve(impl: str, fits: bool) -> str:
   return impl
 
 
+def _ranges_attention_impl(cfg: ModelConfig, num_slots: int, head_dim: int, visible: SlotRanges) -> str:
+  """cfg.decode_attention for a decode step over the sampler's SlotRanges, 'auto' resolved."""
+  return _resolve(cfg.decode_attention, decode_attention.supported(num_slots, visible.gen_start, head_dim))
+
+
 def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
                            visible: Array | SlotRanges, groups: int = 0, padded: bool = False) -> Array:
   """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges.
@@ -206,7 +212,7 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
   s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
   impl = cfg.decode_attention
   if isinstance(visible, SlotRanges):
-    impl = _resolve(impl, decode_attention.supported(s, visible.gen_start, h))
+    impl = _ranges_attention_impl(cfg, s, h, visible)
     if impl in ("pallas", "interpret"):
       return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, groups=groups,
                                                padded=padded and groups > 0, interpret=impl == "interpret")
@@ -303,8 +309,7 @@ class Attention(nnx.Module):
     pf = {}
     s = ck_BxKxSxH.shape[2]
     if (isinstance(cache_mask_BxS, SlotRanges) and decode_attention.BALANCE
-        and _resolve(cfg.decode_attention, decode_attention.supported(s, cache_mask_BxS.gen_start, cfg.head_dim))
-        in ("pallas", "interpret")):
+        and _ranges_attention_impl(cfg, s, cfg.head_dim, cache_mask_BxS) in ("pallas", "interpret")):
       # The q/k/v kernel may prefetch the cache blocks the attention kernel reads first (decode_qkv.PREFETCH_BLOCKS).
       pf = dict(prefetch_ranges=cache_mask_BxS,
                 prefetch_splits=decode_attention.default_splits(x_BxD.shape[0], cfg.num_kv_heads, s))
