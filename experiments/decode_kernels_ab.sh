@@ -151,10 +151,10 @@ PART5S=("inout:$inout" "xstats:$inout --kernel-opts sampler.sample_logits:stats=
 # first 2 or 4 blocks of each balanced split's share: 8.4 or 16.8 MB of the ~50 MB per layer at B = 64), so that
 # it finds them in L2 (1 block: 4.2 MB). Part pp: part p's profile with pf4. Part nq: the prefetch's GPU tests.
 # On an H100 (thirty-fifth session) 2 blocks gained +0.4 to +0.6 % in three calls, 3 and 4 lost (4: the attention
-# 21.0 -> 18.1 us per layer, q/k/v 7.3 -> 10.9): 2 is decode_qkv.PREFETCH_BLOCKS since, so `inout` has it (pf0
-# turns it off: "--kernel-opts decode_qkv.qkv_rope_cache:prefetch_blocks=0").
+# 21.0 -> 18.1 us per layer, q/k/v 7.3 -> 10.9): 2 is decode_qkv.PREFETCH_BLOCKS since, so `inout` has it and
+# the variants are against it (pf0: none).
 pf_opts="--kernel-opts decode_qkv.qkv_rope_cache:prefetch_blocks"
-PART5P=("inout:$inout" "pf1:$inout $pf_opts=1" "pf2:$inout $pf_opts=2" "pf4:$inout $pf_opts=4")
+PART5P=("inout:$inout" "pf0:$inout $pf_opts=0" "pf1:$inout $pf_opts=1" "pf4:$inout $pf_opts=4")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
