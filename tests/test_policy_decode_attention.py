@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, merge_splits, supported
+from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, merge_splits, split_share, supported
 from kevin_jax.policy.model import _decode_attend
 from tests.test_common import assert_sampler_same_with_kernel
 
@@ -57,6 +57,23 @@ def test_padded_output_for_the_o_kernel(splits):
   np.testing.assert_allclose(np.asarray(got[:, :, :7]), np.asarray(want), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="padded=True needs groups"):
     decode_attention(q, kc, vc, ranges, padded=True, interpret=True)
+
+
+def test_split_share_partitions_the_visible_blocks():
+  """Balanced splits' shares, over arrays of rows: in split order they tile [0, n) without gaps, each at most
+  ceil(n / splits) long; n counts the prompt's and the generated blocks (partial blocks included)."""
+  plen = jnp.array([1, 64, 65, 128, 640, 3])
+  for glen in (1, 64, 65, 300):
+    for splits in (1, 2, 3, 8):
+      ends = []
+      for s in range(splits):
+        n_prompt, n, v0, v1 = (np.asarray(a) for a in split_share(plen, jnp.int32(glen), s, splits, 64))
+        np.testing.assert_array_equal(n_prompt, [1, 1, 2, 2, 10, 1])
+        np.testing.assert_array_equal(n, n_prompt + -(-glen // 64))
+        np.testing.assert_array_equal(v0, ends[-1] if ends else 0)
+        assert (v1 - v0 <= -(-n // splits)).all() and (v1 >= v0).all()
+        ends.append(v1)
+      np.testing.assert_array_equal(ends[-1], n)
 
 
 def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():

@@ -114,6 +114,18 @@ def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
   return n
 
 
+def split_share(prompt_len, gen_len, s, splits: int, block_k: int):
+  """Split s's share under balanced splits: a row's visible blocks, the prompt's [0, ceil(prompt_len / block_k))
+  then the generated ones, are numbered 0..n-1 in that order and shared in runs of ceil(n / splits); split s reads
+  numbers [v0, v1). Returns (n_prompt, n, v0, v1); scalars or arrays, in a kernel or not (decode_qkv's prefetch
+  finds the same blocks with it)."""
+  n_prompt = (prompt_len + block_k - 1) // block_k
+  n = n_prompt + (gen_len + block_k - 1) // block_k
+  per = (n + splits - 1) // splits
+  v0 = jnp.minimum(s * per, n)
+  return n_prompt, n, v0, jnp.minimum(v0 + per, n)
+
+
 def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_start: int, split_len: int,
             block_k: int, scale: float, balance: bool, splits: int):
   """stat_refs: the partial's running max and sum; none with one split, which writes the normalized output."""
@@ -149,12 +161,7 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_star
   carry = (jnp.zeros((gp, h), jnp.float32), jnp.full((gp,), _NEG, jnp.float32), jnp.zeros((gp,), jnp.float32))
   g0 = gen_start // block_k  # the first generated block
   if balance:
-    # The row's visible blocks, prompt's then generated, numbered 0..n-1; split s takes an equal share of them.
-    n_prompt = (plen + block_k - 1) // block_k
-    n = n_prompt + (glen + block_k - 1) // block_k
-    per = (n + splits - 1) // splits
-    v0 = jnp.minimum(s * per, n)
-    v1 = jnp.minimum(v0 + per, n)
+    n_prompt, _, v0, v1 = split_share(plen, glen, s, splits, block_k)
     a0, a1 = v0, jnp.minimum(v1, n_prompt)
     b0, b1 = g0 + jnp.maximum(v0, n_prompt) - n_prompt, g0 + v1 - n_prompt
   else:

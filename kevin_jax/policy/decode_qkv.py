@@ -85,13 +85,11 @@ class Prefetch:
 
 
 def split_block(prompt_len, gen_len, s, u, splits: int, block_k: int, gen_start: int):
-  """The cache block (of block_k slots) that split s of decode_attention's balanced splits reads u-th: a row's
-  visible blocks, the prompt's [0, ceil(prompt_len / block_k)) then the generated ones from gen_start / block_k,
-  are numbered in that order and shared in runs of ceil(n / splits). Past the row's last visible block: that block
-  (scalars or arrays, in a kernel or not)."""
-  n_prompt = (prompt_len + block_k - 1) // block_k
-  n = n_prompt + (gen_len + block_k - 1) // block_k
-  v = jnp.minimum(s * ((n + splits - 1) // splits) + u, n - 1)
+  """The cache block (of block_k slots) that split s of decode_attention's balanced splits reads u-th
+  (decode_attention.split_share; the generated blocks start at block gen_start / block_k). Past the row's last
+  visible block: that block (scalars or arrays, in a kernel or not)."""
+  n_prompt, n, v0, _ = decode_attention.split_share(prompt_len, gen_len, s, splits, block_k)
+  v = jnp.minimum(v0 + u, n - 1)
   return jnp.where(v < n_prompt, v, gen_start // block_k + v - n_prompt)
 
 
