@@ -65,10 +65,6 @@
 #   bash experiments/decode_kernels_ab.sh 5p    # part 5 with PART5P's variants: the q/k/v kernel's prefetch of the
 #                                               # attention's first cache blocks (~6 min at AB_S=360)
 #   bash experiments/decode_kernels_ab.sh pp    # part p with that prefetch (4 blocks per split)
-#   bash experiments/decode_kernels_ab.sh 5l    # part 5 with PART5L's variants: the attention's split merge and the
-#                                               # down projection's sum + residual add by each block's last split,
-#                                               # in the kernels (~7 min at AB_S=400); part nl: their GPU tests
-#                                               # (~2 min); part pl: part p's profile with both
 #   bash experiments/decode_kernels_ab.sh 2n    # only the GPU tests of the add + norm kernel and the unrolled merge
 #   bash experiments/decode_kernels_ab.sh n     # only the GPU tests of the twenty-eighth session's options:
 #                                               # decode_norm 'fold' / 'inside' (the q/k/v and SwiGLU kernels with the
@@ -159,14 +155,6 @@ PART5S=("inout:$inout" "xstats:$inout --kernel-opts sampler.sample_logits:stats=
 # the variants are against it (pf0: none).
 pf_opts="--kernel-opts decode_qkv.qkv_rope_cache:prefetch_blocks"
 PART5P=("inout:$inout" "pf0:$inout $pf_opts=0" "pf1:$inout $pf_opts=1" "pf4:$inout $pf_opts=4")
-# PART5L (thirty-sixth session): the splits' merges inside the kernels, by the last split to finish (an atomic
-# ticket per output block, decode_tiles.arrive_last): the attention's (drops the merge fusion, 1.6 us per layer in
-# the thirty-fifth session's H100 profile) and the down projection's sum with the residual add (drops that fusion,
-# 1.5 us). Part nl: their GPU tests; part pl: part p's profile with both.
-last_attn="decode_attention.decode_attention:merge=last"
-last_down="decode_mlp.down_proj:merge=last"
-PART5L=("inout:$inout" "la:$inout --kernel-opts $last_attn" "ld:$inout --kernel-opts $last_down"
-        "lboth:$inout --kernel-opts \"$last_attn;$last_down\"")
 # variants NAME:FLAGS for parts 3 and 5: one stage per variant and round, rounds alternated; the limit shares AB_S
 # seconds (default 540) among them.
 ab_stages() {  # ab_stages <command prefix> <variant>...
@@ -185,7 +173,7 @@ ab_stages() {  # ab_stages <command prefix> <variant>...
   done
 }
 usage() {
-  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p pp pl ncu 5a 5c 5d 5s 5p 5l ks n ns nq nl" \
+  echo "usage: $0 prep | PART[+PART...] [NAME:FLAGS ...], PART one of 1 a 1q l2 h o p pp ncu 5a 5c 5d 5s 5p ks n ns nq" \
        "2 2n 3 3b 5 4a 4 (see the header)" >&2
   exit 2
 }
@@ -240,13 +228,7 @@ ${qkv%%,*}$same --out \$OUT/qkv$tag" "mlp$tag=90=python3 experiments/bench_decod
 --out \$OUT/mlp$tag")
         done
         ;;
-    nl) stages+=("last_tests=200=JAX_PLATFORMS=cuda,cpu python3 -m pytest -q -m gpu \
-tests/test_policy_gpu.py::test_decode_attention_last_merge_repeats_on_gpu \
-tests/test_policy_gpu.py::test_pallas_decode_attention_matches_einsum_on_gpu \
-tests/test_policy_decode_mlp.py::test_down_residual_last_on_gpu") ;;
-    pl) stages+=("prof_last=180=python3 $prof --new-tokens 1024 $inout --kernel-opts \"$last_attn;$last_down\" \
---out \$OUT/prof_last") ;;
-    5a|5c|5d|5s|5p|5l) variants="PART${part^^}[@]"  # PART5A, 5C, 5D, 5S, 5P or 5L, each against its `inout`
+    5a|5c|5d|5s|5p) variants="PART${part^^}[@]"  # PART5A, 5C, 5D, 5S or 5P, each against its `inout`
         ab_stages "$bench" "${!variants}"
         stages+=("$table_inout") ;;
     o) stages+=("$(mlp_stage 150 oproj,down "$DOWN_SWEEP" "--oproj-configs $OPROJ_SWEEP")"

@@ -115,54 +115,6 @@ def test_down_proj_split_rules():
     down_proj(h[:, :40], w[:40], interpret=True)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("b,f,d,splits,block_n", [(64, 512, 128, 4, 64), (5, 256, 64, 2, 32), (16, 192, 32, 3, 16),
-                                                  (33, 256, 64, 1, 64)])
-def test_down_proj_residual_merged_by_the_last_split(dtype, b, f, d, splits, block_n):
-  """down_proj with a residual: merge='last' (each output block's last split sums the partials and adds the
-  residual, rounding once) against float64, and against the XLA fusion's sum ('xla'); 3 splits (the partials'
-  block is no power of two), padded rows (5, 33), one split."""
-  dt = jnp.dtype(dtype)
-  h, w = _down_case(b, f, d, dt)
-  r = jnp.asarray(np.random.default_rng(7).standard_normal((b, d)), dt)
-  got = down_proj(h, w, r, splits=splits, block_n=block_n, merge="last", interpret=True)
-  assert got.shape == (b, d) and got.dtype == dt
-  y = np.asarray(h, np.float64) @ np.asarray(w, np.float64)
-  _assert_kernel_close(got, np.asarray(r, np.float64) + y, dtype)
-  # The XLA fusion may round the product to bf16 before the add: one more rounding of up to half an ulp of y.
-  xla = down_proj(h, w, r, splits=splits, block_n=block_n, interpret=True)
-  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(xla, np.float32),
-                             rtol=1e-6 if dtype == "float32" else 2 ** -7,
-                             atol=1e-6 if dtype == "float32" else 2 ** -8 * np.abs(y).max())
-  with pytest.raises(ValueError, match="residual must be"):
-    down_proj(h, w, r[:, :16], merge="last", interpret=True)
-  with pytest.raises(ValueError, match="merge must be one of"):
-    down_proj(h, w, r, merge="sum", interpret=True)
-
-
-def test_down_residual_lowers_to_triton():
-  """merge='last' lowers through Pallas' Triton backend (on the CPU, no device) at the 0.5B shape, B = 64: one
-  kernel (the partials' sum and the residual add inside it, no XLA fusion after it)."""
-  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  fn = lambda h, w, r: down_proj(h, w, r, merge="last")
-  text = jax.jit(fn).trace(spec(64, 4864), spec(4864, 896), spec(64, 896)).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert text.count("__gpu$xla.gpu.triton") == 1
-  assert "stablehlo.add" not in text and "stablehlo.reduce" not in text
-
-
-def test_sampler_same_tokens_with_the_last_split_merges(monkeypatch):
-  """The sampler with both merges by the last split (interpret): the down projection's residual add and the
-  attention's splits, the same tokens as the XLA path."""
-  from kevin_jax.policy import decode_attention  # pylint: disable=g-import-not-at-top
-  import functools  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(decode_mlp, "down_proj", functools.partial(decode_mlp.down_proj, merge="last"))
-  monkeypatch.setattr(decode_attention, "decode_attention",
-                      functools.partial(decode_attention.decode_attention, merge="last"))
-  assert_sampler_same_with_kernel(("decode_mlp", "decode_down", "decode_attention"), max_new_tokens=24,
-                                  batch_size=4)
-
-
 def test_sampler_same_tokens_with_the_kernel():
   """Greedy decoding of a random tiny model: the fused front (interpret) and the XLA MLP agree."""
   assert_sampler_same_with_kernel("decode_mlp", max_new_tokens=40)
@@ -244,22 +196,3 @@ def test_down_proj_triton_on_gpu(dtype, b, splits):
     return (h, w), down_proj(h, w, splits=splits)
   (h, w), got = _on_gpu(compute)
   _assert_kernel_close(got, np.asarray(h, np.float64) @ np.asarray(w, np.float64), dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype,b,splits", [("float32", 64, None), ("bfloat16", 64, None), ("bfloat16", 64, 0),
-                                            ("bfloat16", 24, 2)])
-def test_down_residual_last_on_gpu(dtype, b, splits):
-  """merge='last' compiled by Triton on the 0.5B shape: each output block's last split to finish (an atomic
-  ticket) sums the others' partials and adds the residual; 50 calls in a row (the tickets zero again after each)
-  all give the same output, within one rounding of float64; 19 splits with splits=0."""
-  def compute():
-    h, w = _down_case(b, 4864, 896, jnp.dtype(dtype))
-    r = jnp.asarray(np.random.default_rng(7).standard_normal((b, 896)), jnp.dtype(dtype))
-    fn = jax.jit(lambda h, w, r: down_proj(h, w, r, splits=splits, merge="last"))
-    return (h, w, r), [np.asarray(fn(h, w, r), np.float32) for _ in range(50)]
-  (h, w, r), outs = _on_gpu(compute)
-  for o in outs[1:]:
-    np.testing.assert_array_equal(o, outs[0])
-  want = np.asarray(r, np.float64) + np.asarray(h, np.float64) @ np.asarray(w, np.float64)
-  _assert_kernel_close(outs[0], want, dtype)

@@ -44,7 +44,11 @@ XLA's GEMM fusion may take into the o projection's operand, dropping that kernel
 Merging inside the o projection kernel instead (each split's own output in bf16 and its log-sum-exp; the kernel
 weighed each split's product) was correct on an H100 but ran 40,968 against 43,689 decode tok/s (-6.2 %): the o
 kernel, loading two o slices and their log-sum-exps per head, grew by more than the merge fusion it removed
-(thirty-third session; reverted).
+(thirty-third session; reverted). So did merging in this kernel, by each row head's last split to finish (a
+barrier, then an atomic ticket; the last one read the partials back and wrote the normalized output): its GPU tests
+passed, but on an H100 it ran 43,594 against 45,544 decode tok/s (-4.3 %). In its profile the o projection
+(reading the padded output) took 7.3 us per layer against 5.4 in the thirty-fourth session's, and zeroing the
+tickets 1.0 us, against the fusion's 1.6 (thirty-sixth session, commit f461cf3; reverted).
 
 A split walks its prompt blocks and then its generated blocks in one loop (the loop index mapped to either), so
 the loads' pipeline fills and drains once per program; with two loops a split holding both (split 1 of 2 for most
@@ -67,7 +71,6 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy import decode_tiles
 # EXACT dots: IEEE fp32 for fp32 caches (Triton's default for fp32 inputs is TF32); bf16 caches: plain tensor cores.
 from kevin_jax.policy.decode_tiles import EXACT
 
@@ -77,8 +80,8 @@ BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multip
 _TARGET_PROGRAMS = 256  # ~2 programs per SM (132 SMs): 2 splits at B = 64, K = 2 beat 4 (module docstring).
 NUM_STAGES = 3  # Pipeline stages of the K/V loads: with 2 splits, 3 beat 2 by 4.0 % (H100, thirty-second session).
 BALANCE = True  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
-MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' | 'last' (module docstring).
-_MERGES = ("reduce", "unrolled", "last")
+MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
+_MERGES = ("reduce", "unrolled")
 
 
 @jax.tree_util.register_dataclass
@@ -127,11 +130,9 @@ def split_share(prompt_len, gen_len, s, splits: int, block_k: int):
   return n_prompt, n, v0, jnp.minimum(v0 + per, n)
 
 
-def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, *refs, gen_start: int, split_len: int, block_k: int,
-            scale: float, balance: bool, splits: int, last: bool, interpret: bool):
-  """refs: the partial (acc, running max and sum) for this program's split; with one split only the normalized
-  output. last (merge='last'): the tickets (input, aliased to the last output), the partials of all the row's
-  splits, the normalized output, the tickets."""
+def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, o_ref, *stat_refs, gen_start: int, split_len: int,
+            block_k: int, scale: float, balance: bool, splits: int):
+  """stat_refs: the partial's running max and sum; none with one split, which writes the normalized output."""
   b, s = pl.program_id(0), pl.program_id(2)
   plen = plen_ref[b]
   glen = glen_ref[0]
@@ -179,23 +180,6 @@ def _kernel(plen_ref, glen_ref, q_ref, k_ref, v_ref, *refs, gen_start: int, spli
   carry = jax.lax.fori_loop(0, n_a + jnp.maximum(b1 - b0, 0),
                             lambda i, c: block(jnp.where(i < n_a, a0 + i, b0 + i - n_a), c), carry)
   acc, m, l = carry
-  if last:
-    _, o_ref, m_ref, l_ref, out_ref, ticket_ref = refs
-    o_ref[s], m_ref[s], l_ref[s] = acc, m, l
-    ticket = b * pl.num_programs(1) + pl.program_id(1)
-
-    @pl.when(decode_tiles.arrive_last(ticket_ref, ticket, splits, interpret))
-    def _():
-      # The row's other splits have stored their partials: merge them as merge_splits' 'unrolled' does.
-      ms = [m_ref[t] for t in range(splits)]
-      m_max = functools.reduce(jnp.maximum, ms)
-      w = [jnp.exp(mt - m_max) for mt in ms]
-      num = functools.reduce(jnp.add, [o_ref[t] * w[t][:, None] for t in range(splits)])
-      den = functools.reduce(jnp.add, [l_ref[t] * w[t] for t in range(splits)])
-      out_ref[...] = (num / den[:, None]).astype(out_ref.dtype)
-      ticket_ref[ticket] = 0  # zero again for the next call
-    return
-  o_ref, *stat_refs = refs
   if not stat_refs:  # one split: the softmax is complete (every row sees at least one slot)
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
     return
@@ -264,59 +248,37 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   split_len = s // splits
   gp = padded_rows(g)  # Matmul tiles need >= 16 rows: pad the query group with zero rows.
   q = jnp.pad(q_BxKxGxH.astype(k_BxKxSxH.dtype), ((0, 0), (0, 0), (0, gp - q_BxKxGxH.shape[2]), (0, 0)))
-  stats = splits > 1  # one split writes the output itself: no partials, no merge
-  last = stats and merge == "last"
   kernel = functools.partial(_kernel, gen_start=ranges.gen_start, split_len=split_len, block_k=block_k,
-                             scale=h ** -0.5, balance=balance, splits=splits, last=last, interpret=interpret)
+                             scale=h ** -0.5, balance=balance, splits=splits)
   kv_len = s if balance else split_len
   kv_map = (lambda i, j, t: (i, j, 0, 0)) if balance else (lambda i, j, t: (i, j, t, 0))
-  in_specs = [
-      pl.BlockSpec((b,), lambda i, j, t: (0,)),  # prompt lengths
-      pl.BlockSpec((1,), lambda i, j, t: (0,)),  # generated length
-      pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0)),
-      pl.BlockSpec((None, None, kv_len, h), kv_map),
-      pl.BlockSpec((None, None, kv_len, h), kv_map),
-  ]
-  args = [ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
-          k_BxKxSxH, v_BxKxSxH]
-  part_shapes = [jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
-                 jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
-                 jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32)]
-  out_spec = pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0))
-  out_shape = jax.ShapeDtypeStruct((b, kh, gp, h), q_BxKxGxH.dtype)
-  aliases = {}
-  if last:
-    # Every split of a row's head sees all of its partials (it writes its own, the last one reads them all);
-    # the tickets count the splits done per row and KV head (decode_tiles.arrive_last).
-    ticket_spec = pl.BlockSpec((b * kh,), lambda i, j, t: (0,))
-    in_specs.append(ticket_spec)
-    args.append(jnp.zeros((b * kh,), jnp.int32))
-    aliases = {len(args) - 1: 4}
-    out_specs = [pl.BlockSpec((None, None, splits, gp, h), lambda i, j, t: (i, j, 0, 0, 0)),
-                 pl.BlockSpec((None, None, splits, gp), lambda i, j, t: (i, j, 0, 0)),
-                 pl.BlockSpec((None, None, splits, gp), lambda i, j, t: (i, j, 0, 0)), out_spec, ticket_spec]
-    out_shapes = part_shapes + [out_shape, jax.ShapeDtypeStruct((b * kh,), jnp.int32)]
-  elif stats:
-    out_specs = [pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0)),
-                 pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0)),
-                 pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0))]
-    out_shapes = part_shapes
-  else:
-    out_specs, out_shapes = [out_spec], [out_shape]
+  stats = splits > 1  # one split writes the output itself: no partials, no merge
+  part_spec = pl.BlockSpec((None, None, None, gp, h), lambda i, j, t: (i, j, t, 0, 0))
+  stat_spec = pl.BlockSpec((None, None, None, gp), lambda i, j, t: (i, j, t, 0))
   outs = pl.pallas_call(
       kernel,
       grid=(b, kh, splits),
-      in_specs=in_specs,
-      out_specs=out_specs,
-      out_shape=out_shapes,
-      input_output_aliases=aliases,
+      in_specs=[
+          pl.BlockSpec((b,), lambda i, j, t: (0,)),  # prompt lengths
+          pl.BlockSpec((1,), lambda i, j, t: (0,)),  # generated length
+          pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0)),
+          pl.BlockSpec((None, None, kv_len, h), kv_map),
+          pl.BlockSpec((None, None, kv_len, h), kv_map),
+      ],
+      out_specs=[part_spec, stat_spec, stat_spec] if stats else
+      [pl.BlockSpec((None, None, gp, h), lambda i, j, t: (i, j, 0, 0))],
+      out_shape=[
+          jax.ShapeDtypeStruct((b, kh, splits, gp, h), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, gp), jnp.float32),
+      ] if stats else [jax.ShapeDtypeStruct((b, kh, gp, h), q_BxKxGxH.dtype)],
       compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="kevin_decode_attention",
-  )(*args)
-  if not stats or last:  # the normalized output: as written, or its real rows
-    out = outs[-2] if last else outs[0]
-    return out if padded else out[:, :, :g]
+  )(ranges.prompt_len_B.astype(jnp.int32), jnp.reshape(ranges.gen_len, (1,)).astype(jnp.int32), q,
+    k_BxKxSxH, v_BxKxSxH)
+  if not stats:  # one split: the output as written, or its real rows
+    return outs[0] if padded else outs[0][:, :, :g]
   o, m, l = outs
   # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
   # the slice into the merge instead of launching a separate slice kernel per layer).

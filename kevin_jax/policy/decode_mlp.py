@@ -125,7 +125,10 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
 # programs, far fewer than the H200's 132 SMs, and XLA's GEMM read W_down at ~1.2 TB/s in the decode profile
 # (gemm_fusion_dot_267, 7.4 us per layer; BENCHMARKS.md, seventeenth session). Here program (i, j, s) sums F slice s
 # of the product into an fp32 partial [block_m, block_n]; XLA then adds the `splits` partials (a small reduction
-# that it can fuse with the residual add after the MLP).
+# that it can fuse with the residual add after the MLP). Summing them and adding the residual in this kernel instead,
+# by each output block's last split to finish (an atomic ticket), ran 43,679 against 45,544 decode tok/s on an H100
+# (-4.1 %): the kernel took 9.1 against 6.9 us per layer (thirty-fourth session's profile) and zeroing the tickets
+# 1.0, against the fusion's 1.5 (thirty-sixth session, commit f461cf3; reverted).
 SM_COUNT = 132  # H200 SMs: pick_splits' split count aims at >= this many programs.
 AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
                         # this: at 64 rows it beat XLA's einsum on the 0.5B shape (D = 896: 8.9 against 10.6 us per
@@ -138,7 +141,6 @@ DOWN_STAGES = 5  # pipeline stages: at the 0.5B shape, B = 64, the kernel alone 
                  # 8.68 / 8.74 with pick_splits' 19 splits and 3 stages (4.4 MB of fp32 partials for XLA's sum become
                  # 0.9 MB); with decode_qkv's NUM_STAGES, bench_sampler ran 46,943 against 45,851 decode tok/s
                  # (BENCHMARKS.md "Sampler", twenty-sixth session). Not measured at other shapes.
-DOWN_MERGE = "xla"  # down_proj's merge of the splits with the residual: 'xla' (a fusion) or 'last' (in the kernel)
 
 
 def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int) -> int:
@@ -160,92 +162,16 @@ def _down_kernel(h_ref, w_ref, o_ref, *, block_k: int):
   o_ref[...] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
 
 
-def _down_last_kernel(h_ref, w_ref, r_ref, _, p_ref, o_ref, ticket_ref, *, block_k: int, splits: int,
-                      interpret: bool):
-  """Program (i, j, s) stores its fp32 partial as split s of its output block; the block's last split to finish
-  sums them in split order and adds the residual block r, rounding once to the output dtype."""
-  r = r_ref[...]  # loaded before the loop, so its latency hides behind it
-  p_ref[pl.program_id(2)] = decode_tiles.dot_loop(h_ref, w_ref, block_k)
-  ticket = pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)
-
-  @pl.when(decode_tiles.arrive_last(ticket_ref, ticket, splits, interpret))
-  def _():
-    y = functools.reduce(jnp.add, [p_ref[t] for t in range(splits)])
-    o_ref[...] = (y + r.astype(jnp.float32)).astype(o_ref.dtype)
-    ticket_ref[ticket] = 0  # zero again for the next call
-
-
-_DOWN_MERGES = ("xla", "last")
-
-
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
-                                             "merge", "interpret"))
-def down_proj(h_BxF: Array, w_down_FxD: Array, residual_BxD: Array | None = None, *, splits: int | None = None,
-              block_n: int = 64, block_k: int = 64, block_m: int = BLOCK_M, num_warps: int = 4,
-              num_stages: int = DOWN_STAGES, merge: str = DOWN_MERGE, interpret: bool = False) -> Array:
-  """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (resolve_splits) into fp32 partials.
-  F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D). With residual_BxD: residual
-  + that, in the residual's dtype (the model's residual add after the MLP). merge: 'xla' sums the partials (and adds
-  the residual) in an XLA fusion, which rounds the product to h's dtype before the add unless it keeps the excess
-  precision (XLA's choice); 'last' (with a residual) in the kernel, by each output block's last split to finish
-  (decode_tiles.arrive_last), rounding once after the add."""
-  if merge not in _DOWN_MERGES:
-    raise ValueError(f"merge must be one of {_DOWN_MERGES}, got {merge!r}")
-  kw = dict(splits=splits, block_n=block_n, block_k=block_k, block_m=block_m, num_warps=num_warps,
-            num_stages=num_stages, interpret=interpret)
-  b = h_BxF.shape[0]
-  if residual_BxD is not None and residual_BxD.shape != (b, w_down_FxD.shape[1]):
-    raise ValueError(f"residual must be [B={b}, D={w_down_FxD.shape[1]}], got {residual_BxD.shape}")
-  if merge == "last" and residual_BxD is not None:
-    return _down_residual_last(h_BxF, w_down_FxD, residual_BxD, **kw)
-  y = down_partials(h_BxF, w_down_FxD, **kw).sum(0)[:b].astype(h_BxF.dtype)
-  return y if residual_BxD is None else residual_BxD + y
-
-
-def _down_residual_last(h_BxF: Array, w_down_FxD: Array, residual_BxD: Array, *, splits, block_n, block_k, block_m,
-                        num_warps, num_stages, interpret) -> Array:
-  b, f = h_BxF.shape
-  d = w_down_FxD.shape[1]
-  block_n, block_k, splits, mp, bm = _down_blocks(h_BxF, w_down_FxD, splits, block_n, block_k, block_m)
-  grid = (mp // bm, d // block_n, splits)
-  tickets = grid[0] * grid[1]
-  outs = pl.pallas_call(
-      functools.partial(_down_last_kernel, block_k=block_k, splits=splits, interpret=interpret),
-      grid=grid,
-      in_specs=[
-          pl.BlockSpec((bm, f // splits), lambda i, j, s: (i, s)),
-          pl.BlockSpec((f // splits, block_n), lambda i, j, s: (s, j)),
-          pl.BlockSpec((bm, block_n), lambda i, j, s: (i, j)),
-          pl.BlockSpec((tickets,), lambda i, j, s: (0,)),
-      ],
-      out_specs=[pl.BlockSpec((splits, bm, block_n), lambda i, j, s: (0, i, j)),
-                 pl.BlockSpec((bm, block_n), lambda i, j, s: (i, j)),
-                 pl.BlockSpec((tickets,), lambda i, j, s: (0,))],
-      out_shape=[jax.ShapeDtypeStruct((splits, mp, d), jnp.float32),
-                 jax.ShapeDtypeStruct((mp, d), residual_BxD.dtype),
-                 jax.ShapeDtypeStruct((tickets,), jnp.int32)],
-      input_output_aliases={3: 2},
-      compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret,
-      name="kevin_decode_down",
-  )(decode_tiles.pad_rows(h_BxF.astype(w_down_FxD.dtype), mp), w_down_FxD, decode_tiles.pad_rows(residual_BxD, mp),
-    jnp.zeros((tickets,), jnp.int32))
-  return outs[1][:b]
-
-
-def _down_blocks(h_BxF: Array, w_down_FxD: Array, splits: int | None, block_n: int, block_k: int, block_m: int):
-  """The down projection's (block_n, block_k, splits, padded rows, row block) for h [B, F] and w_down [F, D]."""
-  b, f = h_BxF.shape
-  d = w_down_FxD.shape[1]
-  if w_down_FxD.shape[0] != f:
-    raise ValueError(f"w_down must be [F={f}, D], got {w_down_FxD.shape}")
-  block_n, block_k = pick_block(d, block_n), pick_block(f, block_k)
-  if not (block_n and block_k):
-    raise ValueError(f"down_proj needs F ({f}) and D ({d}) multiples of 16")
-  splits = resolve_splits(splits, f, d // block_n, block_k)
-  if f % (splits * block_k):
-    raise ValueError(f"splits={splits} must divide F={f} into multiples of block_k={block_k}")
-  return (block_n, block_k, splits) + decode_tiles.row_tiles(b, block_m)
+                                             "interpret"))
+def down_proj(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None, block_n: int = 64, block_k: int = 64,
+              block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
+              interpret: bool = False) -> Array:
+  """h @ w_down: [B, F] x [F, D] -> [B, D] in h's dtype, F split `splits` ways (resolve_splits) into fp32 partials
+  summed by XLA. F must be a multiple of block_k and D of 16 (block_n halves down to a divisor of D)."""
+  partials = down_partials(h_BxF, w_down_FxD, splits=splits, block_n=block_n, block_k=block_k, block_m=block_m,
+                           num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+  return partials.sum(0)[:h_BxF.shape[0]].astype(h_BxF.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "block_n", "block_k", "block_m", "num_warps", "num_stages",
@@ -257,8 +183,16 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None,
   (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
   b, f = h_BxF.shape
   d = w_down_FxD.shape[1]
-  block_n, block_k, splits, mp, bm = _down_blocks(h_BxF, w_down_FxD, splits, block_n, block_k, block_m)
+  if w_down_FxD.shape[0] != f:
+    raise ValueError(f"w_down must be [F={f}, D], got {w_down_FxD.shape}")
+  block_n, block_k = pick_block(d, block_n), pick_block(f, block_k)
+  if not (block_n and block_k):
+    raise ValueError(f"down_proj needs F ({f}) and D ({d}) multiples of 16")
+  splits = resolve_splits(splits, f, d // block_n, block_k)
+  if f % (splits * block_k):
+    raise ValueError(f"splits={splits} must divide F={f} into multiples of block_k={block_k}")
   ks = f // splits
+  mp, bm = decode_tiles.row_tiles(b, block_m)
   h = decode_tiles.pad_rows(h_BxF.astype(w_down_FxD.dtype), mp)
   return pl.pallas_call(
       functools.partial(_down_kernel, block_k=block_k),

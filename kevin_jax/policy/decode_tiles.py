@@ -10,7 +10,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
 
 EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
 
@@ -96,14 +95,3 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None,
     eye = jnp.arange(m)[:, None] == jnp.arange(m)[None, :]
     r = jax.lax.rsqrt(jnp.sum(jnp.where(eye, gram, 0.0), axis=1) / d + rms_eps)
   return a1 * r[:, None], a2 * r[:, None]
-
-
-def arrive_last(ticket_ref, ticket, count: int, interpret: bool) -> jax.Array:
-  """Inside a kernel: whether this program is the last of the `count` programs sharing ticket `ticket` (an int32
-  ref's element, zero before the first of them) to get here. Every store this program made before the call is
-  visible to that last one: a barrier of the program's threads, then an atomic increment (acquire-release, GPU
-  scope), so the last one may read what the others stored. It sets the ticket back to 0 when it is done with them,
-  for the kernel's next call."""
-  if not interpret:  # the interpreter runs one program at a time, and has no barrier
-    pl_triton.debug_barrier()
-  return pl_triton.atomic_add(ticket_ref, ticket, jnp.int32(1)) == count - 1

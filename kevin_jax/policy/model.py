@@ -438,15 +438,15 @@ class MLP(nnx.Module):
     return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
 
   def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
-    """x + the MLP of norm(x), x the residual stream (a decode step's down projection kernel may add x itself)."""
+    """The MLP of norm(x), x the residual stream."""
     b, t, _ = x_BxTxD.shape
     # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
     front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
     h_BxTxF = self._front(x_BxTxD, norm, front)
     wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
     if down == "xla":
-      return x_BxTxD + jnp.einsum("btf,fd->btd", h_BxTxF, wd)
-    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, x_BxTxD[:, 0], interpret=down == "interpret")[:, None]
+      return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
+    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
 
   def decode_partials(self, x_BxD: Array, norm: RMSNorm) -> Array:
     """A decode step's MLP of norm(x) ([B, D] rows) as terms to sum: decode_mlp.down_partials' fp32 [S, R >= B, D]
@@ -468,7 +468,7 @@ class DecoderLayer(nnx.Module):
 
   def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
     h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
-    h_BxTxD = self.mlp(h_BxTxD, self.post_attn_norm)
+    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
     return h_BxTxD, new_kv
 
   def decode_step_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD,
