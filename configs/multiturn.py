@@ -48,14 +48,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   hidden size is at most 1,024) | xla | pallas.
   c.policy.decode_qkv = "auto"  # Decode q/k/v projection, RoPE and cache write: auto (one Pallas kernel on a GPU up
   #   to 64 rows, batch a multiple of 16; +3.6 % decode tokens/s at 0.5B, batch 64) | xla | pallas.
-  c.policy.decode_out = "xla"  # Decode o projection + residual add: xla | auto (one Pallas kernel on a GPU up to 64
-  #   rows) | pallas. Opt-in: 1.2 % slower than without it, with decode_qkv on (0.5B, batch 64).
+  c.policy.decode_out = "auto"  # Decode o projection + residual add: auto (one Pallas kernel on a GPU up to 64 rows,
+  #   where the q/k/v kernel runs with the norm inside, decode_norm) | xla | pallas. Alone it was 1.2 % slower.
   c.policy.decode_add_norm = "xla"  # Decode residual add after the MLP + the next RMSNorm: xla | auto (one Pallas
   #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: 4.4 % slower (0.5B, B 64).
-  c.policy.decode_norm = "xla"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: xla (XLA's norm fusion) |
-  #   fold (the scale folded into the kernels' weights, XLA computes only 1/rms per row) | inside (the kernels
-  #   compute 1/rms too). With decode_out = "pallas", inside gained 1.9 % on an H200 and 2.2-2.5 % on an H100
-  #   (0.5B, B 64); alone, both lost on the H100.
+  c.policy.decode_norm = "auto"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: auto (inside on a GPU up to
+  #   hidden size 1,024, else xla) | xla (XLA's norm fusion) | fold (the scale folded into the kernels' weights, XLA
+  #   computes only 1/rms per row) | inside (the kernels compute 1/rms too). With decode_out's kernel, inside gained
+  #   1.9 % on an H200 and 2.2-2.5 % on an H100 (0.5B, B 64); alone, both lost on the H100.
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
   #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
 

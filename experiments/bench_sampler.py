@@ -89,6 +89,7 @@ def jax_worker(args) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy import get_preset  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.model import Qwen2  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.weights import save_pretrained  # pylint: disable=g-import-not-at-top
@@ -105,6 +106,12 @@ def jax_worker(args) -> dict:
                    attention_impl=args.attention, decode_attention=args.decode_attention,
                    decode_qkv=args.decode_qkv, decode_out=args.decode_out, decode_add_norm=args.decode_add_norm,
                    decode_norm=args.decode_norm)
+  # What 'auto' became here (decode_out per batch): the figures depend on it.
+  out["decode_norm_resolved"] = model_lib.decode_norm_impl(cfg)
+  resolve_out = model_lib._decode_out_impl  # pylint: disable=protected-access
+  out["decode_out_resolved"] = {b: resolve_out(cfg, b) for b in args.batches}
+  print(f"[jax] decode_norm {args.decode_norm} -> {out['decode_norm_resolved']}, decode_out {args.decode_out} -> "
+        f"{out['decode_out_resolved']} (by batch)", flush=True)
   t = time.perf_counter()
   # Random weights drawn on the host: jitting Qwen2's own initialiser compiled for minutes on the H200
   # (XLA "very slow compile" alarm, 2026-11-29), and decode speed does not depend on the values.
@@ -279,12 +286,14 @@ def main(argv=None):
                  help="decode attention (auto: the Pallas kernel on a GPU)")
   p.add_argument("--decode-qkv", default="auto", choices=("auto", "xla", "pallas"),
                  help="ModelConfig.decode_qkv (pallas: q/k/v projection, RoPE and cache write in one kernel)")
-  p.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
+  p.add_argument("--decode-out", default="auto", choices=("auto", "xla", "pallas"),
+                 help="ModelConfig.decode_out (pallas: o projection + residual in one kernel; auto: where the "
+                 "q/k/v kernel applies the norm inside)")
   p.add_argument("--decode-add-norm", default="xla", choices=("auto", "xla", "pallas"),
                  help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
-  p.add_argument("--decode-norm", default="xla", choices=("xla", "fold", "inside"),
-                 help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels)")
+  p.add_argument("--decode-norm", default="auto", choices=("auto", "xla", "fold", "inside"),
+                 help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels; "
+                 "auto: inside on a GPU up to hidden size 1,024)")
   p.add_argument("--decode-fusion", type=int, default=0, choices=(0, 1),
                  help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   p.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas"),

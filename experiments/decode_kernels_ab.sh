@@ -116,7 +116,7 @@ PART5=("new:" "fusion:--decode-fusion 1")  # add + norm and the unrolled merge l
 # attention with one split (it writes its output itself; the o kernel reads its padded rows: no merge, no slice)
 # with 2 and 4 stages and 128-slot blocks, and balanced splits (4, and 8 with 3 stages). At B = 64 the kernel reads
 # ~50 MB of cache per layer at ~2.6 TB/s (its kernel in the twenty-third session's profile): 1/3 of the step.
-inout="--decode-norm inside --decode-out pallas"
+inout="--decode-norm inside --decode-out pallas"  # the defaults' ('auto') choice at 0.5B, B = 64 since 2026-12-06
 PART5A=("inout:$inout" "one:$inout $attn_opts:num_splits=1" "one4s:$inout $attn_opts:num_splits=1,num_stages=4"
         "one128k:$inout $attn_opts:block_k=128,num_splits=1,num_stages=3" "bal:$inout $attn_opts:balance=1"
         "bal8s:$inout $attn_opts:balance=1,num_splits=8,num_stages=3")

@@ -139,12 +139,14 @@ def main():
                   help="ModelConfig.decode_down (the decode step's down projection; pallas: the split kernel)")
   ap.add_argument("--decode-qkv", default="auto", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_qkv (pallas: q/k/v projection, RoPE and cache write in one kernel)")
-  ap.add_argument("--decode-out", default="xla", choices=("auto", "xla", "pallas", "interpret"),
-                  help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
+  ap.add_argument("--decode-out", default="auto", choices=("auto", "xla", "pallas", "interpret"),
+                  help="ModelConfig.decode_out (pallas: o projection + residual in one kernel; auto: where the "
+                  "q/k/v kernel applies the norm inside)")
   ap.add_argument("--decode-add-norm", default="xla", choices=("auto", "xla", "pallas", "interpret"),
                   help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
-  ap.add_argument("--decode-norm", default="xla", choices=("xla", "fold", "inside"),
-                  help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels)")
+  ap.add_argument("--decode-norm", default="auto", choices=("auto", "xla", "fold", "inside"),
+                  help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels; "
+                  "auto: inside on a GPU up to hidden size 1,024)")
   ap.add_argument("--decode-fusion", default=0, type=int, choices=(0, 1),
                   help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
   ap.add_argument("--decode-head", default="xla", choices=("auto", "xla", "pallas", "interpret"),

@@ -191,6 +191,20 @@ def test_fold_decode_norms_only_where_a_kernel_runs():
   assert not np.all(np.asarray(layer.input_norm.scale[...]) == 1)
 
 
+@pytest.mark.parametrize("backend,overrides,want", [
+    ("cpu", {}, "xla"), ("gpu", {}, "inside"), ("gpu", {"hidden_size": 1024}, "inside"),
+    ("gpu", {"hidden_size": 1536}, "xla"),  # over AUTO_NORM_MAX_D: unmeasured there
+    ("gpu", {"decode_norm": "xla"}, "xla"), ("cpu", {"decode_norm": "fold"}, "fold"),
+    ("cpu", {"decode_norm": "inside"}, "inside")])
+def test_auto_resolution(monkeypatch, backend, overrides, want):
+  """decode_norm 'auto' (the default): 'inside' on a GPU up to model.AUTO_NORM_MAX_D, else 'xla'; explicit values
+  stay as they are."""
+  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
+  assert get_preset("tiny").decode_norm == "auto" and model_lib.AUTO_NORM_MAX_D == 1024
+  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
+  assert model_lib.decode_norm_impl(get_preset("tiny", **overrides)) == want
+
+
 def test_bad_config_value():
   with pytest.raises(ValueError, match="decode_norm"):
     get_preset("tiny", decode_norm="pallas")

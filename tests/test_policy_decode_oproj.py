@@ -122,16 +122,21 @@ def test_bad_config_value():
     get_preset("tiny", decode_out="triton")
 
 
-@pytest.mark.parametrize("backend,rows,want", [("cpu", 64, "xla"), ("gpu", 64, "pallas"), ("gpu", 1, "pallas"),
-                                               ("gpu", 65, "xla")])
-def test_auto_resolution(monkeypatch, backend, rows, want):
-  """decode_out 'auto': the kernel on a GPU up to MAX_ROWS rows; the default is 'xla' (opt-in until measured)."""
+@pytest.mark.parametrize("backend,rows,overrides,want", [
+    ("cpu", 64, {}, "xla"), ("gpu", 64, {}, "pallas"), ("gpu", 16, {}, "pallas"),
+    ("gpu", 65, {}, "xla"),  # over MAX_ROWS
+    ("gpu", 8, {}, "xla"),  # the q/k/v kernel takes multiples of 16 rows: no norm inside it
+    ("gpu", 64, {"decode_norm": "xla"}, "xla"), ("gpu", 64, {"decode_norm": "fold"}, "pallas"),
+    ("gpu", 64, {"decode_qkv": "xla"}, "xla"), ("gpu", 64, {"hidden_size": 1536}, "xla"),  # decode_norm 'auto': xla
+    ("gpu", 64, {"decode_out": "xla"}, "xla"), ("cpu", 64, {"decode_out": "pallas"}, "pallas")])
+def test_auto_resolution(monkeypatch, backend, rows, overrides, want):
+  """decode_out 'auto' (the default): the kernel on a GPU up to MAX_ROWS rows, only where the q/k/v kernel runs
+  and decode_norm resolves to 'fold' or 'inside' (alone the kernel made the step slower)."""
   from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
-  cfg = get_preset("tiny")
-  assert cfg.decode_out == "xla"
+  assert get_preset("tiny").decode_out == "auto"
+  cfg = get_preset("tiny", head_dim=32, **overrides)  # head_dim 32: the q/k/v kernel's shape rule holds
   monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
-  assert model_lib._decode_out_impl(cfg.replace(decode_out="auto"), rows) == want  # pylint: disable=protected-access
-  assert model_lib._decode_out_impl(cfg, rows) == "xla"  # pylint: disable=protected-access
+  assert model_lib._decode_out_impl(cfg, rows) == want  # pylint: disable=protected-access
 
 
 @pytest.mark.gpu

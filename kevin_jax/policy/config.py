@@ -24,7 +24,7 @@ _DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
 _DECODE_QKV = ("auto", "xla", "pallas", "interpret")
 _DECODE_OUT = ("auto", "xla", "pallas", "interpret")
 _DECODE_ADD_NORM = ("auto", "xla", "pallas", "interpret")
-_DECODE_NORM = ("xla", "fold", "inside")
+_DECODE_NORM = ("auto", "xla", "fold", "inside")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -69,28 +69,30 @@ class ModelConfig:
       GPU when its shape rules hold and the batch is at most decode_qkv.MAX_ROWS, else 'xla'; +3.6 % decode
       tokens/s on the 0.5B shape at batch 64, BENCHMARKS.md "Sampler", twenty-third session) | 'xla' (einsums,
       XLA's fusions and dynamic_update_slice) | 'pallas' | 'interpret' (CPU tests).
-    decode_out: the attention's output projection with the residual add in a one-token decode step: 'xla' (the
-      default: einsum and XLA's fusions) | 'auto' (the Pallas kernel of policy/decode_oproj.py on a GPU when its
-      shape rules hold and the batch is at most decode_oproj.MAX_ROWS, else 'xla') | 'pallas' | 'interpret'.
-      Opt-in: with decode_qkv on, it made the decode step 1.2 % slower on the 0.5B shape at batch 64 (BENCHMARKS.md
-      "Sampler", twenty-third session).
+    decode_out: the attention's output projection with the residual add in a one-token decode step: 'auto' (the
+      default: the Pallas kernel of policy/decode_oproj.py on a GPU where its shape rules hold, the batch is at
+      most decode_oproj.MAX_ROWS, the q/k/v kernel runs and decode_norm resolves to 'fold' or 'inside'; else
+      'xla') | 'xla' (einsum and XLA's fusions) | 'pallas' | 'interpret' (CPU tests). With decode_qkv on and XLA's
+      norms it made the decode step 1.2 % slower on the 0.5B shape at batch 64 (twenty-third session); with the
+      norms inside the kernels too it gained (decode_norm), hence the 'auto' rule.
     decode_add_norm: the residual add after the MLP and the next RMSNorm (the next layer's input norm, or the final
       norm) in a one-token decode step: 'xla' (the default: XLA's fusions) | 'auto' (the one Pallas kernel of
       policy/decode_add_norm.py, which also sums decode_down's partials, on a GPU when fp32_upcast is on and its
       shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: it made bench_sampler 4.4 %
       slower on the 0.5B shape at batch 64 (BENCHMARKS.md "Sampler", twenty-sixth session).
     decode_norm: how a one-token decode step applies the RMSNorms before the q/k/v kernel (decode_qkv) and the
-      SwiGLU kernel (decode_mlp), where those run as Pallas kernels: 'xla' (the default: XLA's norm fusion writes
-      the normed rows, which the kernel reads) | 'fold' (the norm's scale folded into the kernel's weights, rounded
-      once to the compute dtype; XLA computes only each row's fp32 1/rms, which the kernel multiplies its
-      products by, and the kernel reads the raw residual) | 'inside' (as 'fold', but each kernel computes the rows'
-      1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for the norm). Elsewhere (XLA
-      paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a folded copy of the weights of
-      the kernels that run at the decode batch (for the 0.5B shape 0.47 GB in bf16) while the decode loop runs
-      (Qwen2.fold_decode_norms, once before it).
-      Opt-in: at 0.5B, batch 64, 'inside' with decode_out='pallas' gained 1.9 % on an H200 and 2.2-2.5 % on an H100
-      (both norm fusions of a layer go); on the H100 'inside' alone lost 0.6 % and 'fold' 1.8 % (BENCHMARKS.md
-      "Sampler", twenty-eighth session).
+      SwiGLU kernel (decode_mlp), where those run as Pallas kernels: 'auto' (the default: 'inside' on a GPU where
+      the hidden size is at most model.AUTO_NORM_MAX_D, the shapes where it was measured faster; else 'xla') |
+      'xla' (XLA's norm fusion writes the normed rows, which the kernel reads) | 'fold' (the norm's scale folded
+      into the kernel's weights, rounded once to the compute dtype; XLA computes only each row's fp32 1/rms, which
+      the kernel multiplies its products by, and the kernel reads the raw residual) | 'inside' (as 'fold', but each
+      kernel computes the rows' 1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for
+      the norm). Elsewhere (XLA paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a
+      folded copy of the weights of the kernels that run at the decode batch (for the 0.5B shape 0.47 GB in bf16)
+      while the decode loop runs (Qwen2.fold_decode_norms, once before it).
+      At 0.5B, batch 64, 'inside' with decode_out's kernel gained 1.9 % on an H200 and 2.2-2.5 % on an H100 (both
+      norm fusions of a layer go); on the H100 'inside' alone lost 0.6 % and 'fold' 1.8 % (BENCHMARKS.md
+      "Sampler", twenty-eighth session). The defaults since the thirty-seventh session.
   """
 
   vocab_size: int
@@ -113,9 +115,9 @@ class ModelConfig:
   decode_mlp: str = "auto"
   decode_down: str = "auto"
   decode_qkv: str = "auto"
-  decode_out: str = "xla"
+  decode_out: str = "auto"
   decode_add_norm: str = "xla"
-  decode_norm: str = "xla"
+  decode_norm: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

@@ -16,7 +16,9 @@ the attention's output runs before it (twenty-ninth session; not yet measured on
 Numbers: fp32 accumulation and residual add, one rounding (XLA's path rounds o @ W_o to the compute dtype before
 the add). tests/test_policy_decode_oproj.py compares with a float64 reference in interpret mode (fp32) and checks
 the Triton lowering on the CPU; its GPU test compares on the GPU. On an H200 (0.5B shape, B = 64) the kernel
-takes 5.6 us, but with it the decode step was 1.2 % slower than without it: opt-in (ModelConfig.decode_out).
+takes 5.6 us, but with it the decode step was 1.2 % slower than without it. With the norms inside the q/k/v and
+SwiGLU kernels too (ModelConfig.decode_norm 'inside') the step gained 1.9 % on an H200 (twenty-eighth session), so
+decode_out 'auto' (the default) runs the kernel only there.
 
 Block shapes (thirty-third session, H100, 0.5B shape, B = 64, the kernel alone): its time is mostly not its loop
 (5.0-5.5 us with 7 steps of 128, 5.9 with 14 of 64, 8.4 with 28 of 32) nor its program count (5.3 us with 32-row

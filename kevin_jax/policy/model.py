@@ -43,9 +43,10 @@ Pallas attention it also loads the cache blocks that kernel reads first into L2)
 projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py), and the residual add after the
 MLP with the next layer's input norm as a third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then
 takes that normed input). So Attention and MLP take the residual stream and their norm. With cfg.decode_norm 'fold'
-or 'inside' the q/k/v and SwiGLU kernels take the raw residual and apply their norm as 1/rms on their products, the
-norm's scale folded into their weights (Qwen2.fold_decode_norms, which the sampler runs once before its decode
-loop). Multi-token calls, and so every gradient, use the einsums.
+or 'inside' ('auto', the default, is 'inside' on a GPU up to AUTO_NORM_MAX_D) the q/k/v and SwiGLU kernels take
+the raw residual and apply their norm as 1/rms on their products, the norm's scale folded into their weights
+(Qwen2.fold_decode_norms, which the sampler runs once before its decode loop). Multi-token calls, and so every
+gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -253,10 +254,30 @@ def _bf16_grad_matmul_bwd(spec, out_dtype, res, g):
 _bf16_grad_matmul.defvjp(_bf16_grad_matmul_fwd, _bf16_grad_matmul_bwd)
 
 
+AUTO_NORM_MAX_D = 1024  # ModelConfig.decode_norm='auto' is 'inside' on a GPU up to this hidden size: with the o
+                        # projection kernel it gained 1.9 % on an H200 at the 0.5B shape (D = 896), batch 64; the
+                        # folded weights it keeps while decoding are 0.47 GB there. Larger shapes are unmeasured.
+
+
+def decode_norm_impl(cfg: ModelConfig) -> str:
+  """cfg.decode_norm with 'auto' resolved: 'inside' on a GPU where the hidden size is at most AUTO_NORM_MAX_D,
+  else 'xla'."""
+  if cfg.decode_norm == "auto":
+    return "inside" if cfg.hidden_size <= AUTO_NORM_MAX_D and jax.default_backend() == "gpu" else "xla"
+  return cfg.decode_norm
+
+
+def _decode_qkv_impl(cfg: ModelConfig, rows: int) -> str:
+  """cfg.decode_qkv for a one-token decode step of `rows` rows, 'auto' resolved."""
+  return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
+                  and rows <= decode_qkv.MAX_ROWS)
+
+
 def _decode_out_impl(cfg: ModelConfig, rows: int) -> str:
-  """cfg.decode_out for a one-token decode step of `rows` rows, 'auto' resolved."""
-  return _resolve(cfg.decode_out, decode_oproj.supported(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
-                  and rows <= decode_oproj.MAX_ROWS)
+  """cfg.decode_out for a one-token decode step of `rows` rows, 'auto' resolved: the kernel only where the q/k/v
+  kernel applies the norm inside (alone it made the step slower; ModelConfig's docstring)."""
+  fits = decode_oproj.supported(cfg.num_heads * cfg.head_dim, cfg.hidden_size) and rows <= decode_oproj.MAX_ROWS
+  return _resolve(cfg.decode_out, fits and decode_norm_impl(cfg) != "xla" and _decode_qkv_impl(cfg, rows) != "xla")
 
 
 def _decode_add_norm_impl(cfg: ModelConfig) -> str:
@@ -269,7 +290,7 @@ def _decode_norm_args(cfg: ModelConfig, norm: RMSNorm | None, x_BxD: Array) -> t
   computes it with the norm's eps; no norm (x comes normed) -> neither."""
   if norm is None:
     return None, None
-  return (norm.inv_rms(x_BxD), None) if cfg.decode_norm == "fold" else (None, norm.eps)
+  return (norm.inv_rms(x_BxD), None) if decode_norm_impl(cfg) == "fold" else (None, norm.eps)
 
 
 class Attention(nnx.Module):
@@ -286,9 +307,7 @@ class Attention(nnx.Module):
 
   def _decode_qkv_impl(self, rows: int) -> str:
     """cfg.decode_qkv for a one-token decode step of `rows` rows, 'auto' resolved."""
-    cfg = self.cfg
-    return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
-                    and rows <= decode_qkv.MAX_ROWS)
+    return _decode_qkv_impl(self.cfg, rows)
 
   def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool,
                     norm: RMSNorm | None = None, padded: bool = False) -> tuple[Array, tuple[Array, Array]]:
@@ -335,7 +354,7 @@ class Attention(nnx.Module):
       normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
       o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
     else:
-      if normed_BxTxD is None and cfg.decode_norm != "xla":
+      if normed_BxTxD is None and decode_norm_impl(cfg) != "xla":
         # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
         x_BxD, kernel_norm = x_BxTxD[:, 0], norm
       else:
@@ -424,7 +443,7 @@ class MLP(nnx.Module):
   def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
     """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
     dt = self.cfg.compute_jnp_dtype
-    if front != "xla" and self.cfg.decode_norm != "xla":
+    if front != "xla" and decode_norm_impl(self.cfg) != "xla":
       # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
       wg, wu = (norm.fold(k[...], dt) for k in (self.gate_kernel, self.up_kernel))
       x_BxD = x_BxTxD[:, 0]

@@ -64,7 +64,7 @@ from kevin_jax.policy import decode_head as head_kernel
 from kevin_jax.policy import sample_stats
 from kevin_jax.policy.config import ModelConfig
 from kevin_jax.policy.decode_attention import BLOCK_K, SlotRanges
-from kevin_jax.policy.model import KVCache, Qwen2
+from kevin_jax.policy.model import KVCache, Qwen2, decode_norm_impl
 
 Array = jax.Array
 STOP_SEQ_LEN = 16  # tokens of a stop string matched on device (longer ones are matched on the host only)
@@ -406,7 +406,7 @@ def _decode_loop(graphdef, state, carry, lengths_B, keys_Bx2, temperature, top_p
   del cache_dtype, batch_sharding
   TRACE_COUNT["generate"] += 1
   model: Qwen2 = nnx.merge(graphdef, state)
-  if model.cfg.decode_norm != "xla":
+  if decode_norm_impl(model.cfg) != "xla":
     # Once, before the loop (XLA did not hoist the fold out of it), for the kernels that run at this batch.
     model.fold_decode_norms(carry["last"].shape[0])
   sample = _sampler_fn(model, decode_head, temperature, top_p, top_k, greedy, use_top_p, valid_vocab, reduce_chunks)
