@@ -211,14 +211,12 @@ def test_bad_config_value():
 ])
 def test_auto_resolution(monkeypatch, backend, rows, head_dim, want):
   """decode_qkv 'auto' (the default): the kernel on a GPU up to MAX_ROWS rows where its shape rules hold."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
   cfg = get_preset("tiny", head_dim=head_dim)
   assert cfg.decode_qkv == "auto"
   monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
-  assert model_lib.Attention(cfg, rngs=nnx.Rngs(0))._decode_qkv_impl(rows) == want  # pylint: disable=protected-access
-  xla = model_lib.Attention(cfg.replace(decode_qkv="xla"), rngs=nnx.Rngs(0))
-  assert xla._decode_qkv_impl(rows) == "xla"  # pylint: disable=protected-access
+  assert model_lib._decode_qkv_impl(cfg, rows) == want  # pylint: disable=protected-access
+  assert model_lib._decode_qkv_impl(cfg.replace(decode_qkv="xla"), rows) == "xla"  # pylint: disable=protected-access
 
 
 @pytest.mark.gpu

@@ -305,10 +305,6 @@ class Attention(nnx.Module):
     self.k_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
     self.v_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
 
-  def _decode_qkv_impl(self, rows: int) -> str:
-    """cfg.decode_qkv for a one-token decode step of `rows` rows, 'auto' resolved."""
-    return _decode_qkv_impl(self.cfg, rows)
-
   def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool,
                     norm: RMSNorm | None = None, padded: bool = False) -> tuple[Array, tuple[Array, Array]]:
     """A decode step of the normed x through decode_qkv's one kernel (projection, RoPE, cache write), then decode
@@ -347,7 +343,7 @@ class Attention(nnx.Module):
     caller has it already (cfg.decode_add_norm's kernel computes it with the previous layer's residual add)."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    qkv = self._decode_qkv_impl(b) if cache_kv is not None and t == 1 else "xla"
+    qkv = _decode_qkv_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
     o_groups = 0  # > 0: o is [B, K, G_pad, H] with that many real heads per KV head (the o kernel's layout)
     if qkv == "xla":
@@ -560,7 +556,7 @@ class Qwen2(nnx.Module):
     so no weights are copied for nothing; None: all."""
     for layer in self.layers:
       attn, mlp = layer.attn, layer.mlp
-      qkv_runs = rows is None or attn._decode_qkv_impl(rows) != "xla"  # pylint: disable=protected-access
+      qkv_runs = rows is None or _decode_qkv_impl(self.cfg, rows) != "xla"
       front_runs = rows is None or mlp._decode_impls(rows)[0] != "xla"  # pylint: disable=protected-access
       for norm, params, runs in ((layer.input_norm, (attn.q_kernel, attn.k_kernel, attn.v_kernel), qkv_runs),
                                  (layer.post_attn_norm, (mlp.gate_kernel, mlp.up_kernel), front_runs)):
