@@ -22,6 +22,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,24 @@ def _cache_ops_in_decode(dump_dir: str, cache_shape_fragment: str) -> dict:
           for op in ("copy", "convert", "transpose"):
             if f" {op}(" in rhs:
               counts[op] += 1
+  return counts
+
+
+def _grid_dep_in_decode_ptx(dump_dir: str) -> dict:
+  """Counts, in the _decode modules' dumped PTX (XLA's kernels and the Pallas ones it links in), the kernel entries
+  and the programmatic-dependent-launch instructions (griddepcontrol.wait / .launch_dependents): whether
+  --xla-flags=--xla_gpu_enable_pdl=true reaches the kernels at all. files 0: XLA dumped no PTX."""
+  counts = {"files": 0, "entries": 0, "wait": 0, "launch_dependents": 0}
+  if not os.path.isdir(dump_dir):
+    return counts
+  for fn in os.listdir(dump_dir):
+    if "_decode" in fn and fn.endswith(".ptx"):
+      counts["files"] += 1
+      with open(os.path.join(dump_dir, fn)) as fh:
+        text = fh.read()
+      counts["entries"] += len(re.findall(r"^(?:\.visible\s+)?\.entry\s", text, flags=re.M))
+      counts["wait"] += text.count("griddepcontrol.wait")
+      counts["launch_dependents"] += text.count("griddepcontrol.launch_dependents")
   return counts
 
 
@@ -167,6 +186,8 @@ def jax_worker(args) -> dict:
           f"{run['decode_tok_s']:.0f} tok/s peak {run['peak_bytes'] or 0:.3g} B", flush=True)
   cache_dims = f"[{args.batches[0]},{cfg.num_kv_heads},{args.prompt_len + args.new_tokens},{cfg.head_dim}]"
   out["cache_ops_in_decode_hlo"] = _cache_ops_in_decode(args.dump_dir, cache_dims)
+  out["grid_dep_in_decode_ptx"] = _grid_dep_in_decode_ptx(args.dump_dir)
+  print(f"[jax] decode PTX: {out['grid_dep_in_decode_ptx']}", flush=True)
   return out
 
 
@@ -243,7 +264,7 @@ def _run_worker(kind: str, args, model: str, weights_dir: str, out_dir: str, tim
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_REPO + os.pathsep +
              os.environ.get("PYTHONPATH", ""))
   if kind == "jax":
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" {args.xla_flags} --xla_dump_to={dump} --xla_dump_hlo_as_text"
                         " --xla_dump_hlo_module_re=.*_decode.*").strip()
   log = os.path.join(out_dir, f"{kind}_{model}.log")
   t = time.perf_counter()
@@ -300,6 +321,8 @@ def main(argv=None):
                  help="SamplerConfig.decode_head (pallas: the LM head and the draw in one kernel)")
   p.add_argument("--kernel-opts", default="", help="decode kernels' keyword arguments in the JAX worker, e.g. "
                  "'decode_attention.decode_attention:merge=unrolled' (experiments/kernel_opts.py)")
+  p.add_argument("--xla-flags", default="", help="more XLA_FLAGS for the JAX worker (after the caller's), e.g. "
+                 "--xla-flags=--xla_gpu_enable_pdl=true")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--budget-s", type=float, default=225.0, help="skip remaining workers past this wall time")
   p.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script; CPU ok)")
@@ -392,7 +415,7 @@ def write_summary(results: dict, args, final: bool) -> None:
       f"Decode kernels: decode_attention={args.decode_attention}, decode_qkv={args.decode_qkv}, decode_out="
       f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_norm={args.decode_norm}, "
       f"decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
-      f"options: {args.kernel_opts or 'defaults'}.",
+      f"options: {args.kernel_opts or 'defaults'}; more XLA_FLAGS: {args.xla_flags or 'none'}.",
   ]
   for model, entry in results["models"].items():
     ops = entry.get("jax", {}).get("cache_ops_in_decode_hlo")
@@ -400,6 +423,10 @@ def write_summary(results: dict, args, final: bool) -> None:
       notes.append(f"{model}: copy/convert/transpose ops on KV-cache-shaped arrays in the optimized decode HLO "
                    f"(batch {args.batches[0]}): {ops['copy']}/{ops['convert']}/{ops['transpose']} "
                    f"(0/0/0 = cache read and updated in place; {ops['files']} HLO files).")
+    ptx = entry.get("jax", {}).get("grid_dep_in_decode_ptx")
+    if ptx and ptx["files"]:
+      notes.append(f"{model}: decode PTX ({ptx['files']} files, {ptx['entries']} kernels): griddepcontrol.wait "
+                   f"{ptx['wait']}x, .launch_dependents {ptx['launch_dependents']}x (programmatic dependent launch).")
   table = "\n".join(lines)
   with open(os.path.join(args.out, "results.json"), "w") as fh:
     json.dump(results, fh, indent=2)
