@@ -30,6 +30,7 @@ def load(root: str) -> dict:
     a = res["args"]
     head = f"head={a['decode_head']} " if a.get("decode_head", "xla") != "xla" else ""
     head += f"norm={a['decode_norm']} " if a.get("decode_norm", "xla") != "xla" else ""
+    head += f"xla_flags={a['xla_flags']} " if a.get("xla_flags") else ""
     settings = (f"add_norm={a.get('decode_add_norm')} fusion={a.get('decode_fusion')} out={a.get('decode_out')} "
                 f"{head}{a.get('kernel_opts') or ''}").strip()
     for model in res["models"].values():

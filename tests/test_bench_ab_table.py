@@ -34,13 +34,19 @@ def test_table_means_and_ratios(tmp_path):
 
 
 def test_settings_name_the_fused_head(tmp_path):
-  """decode_head shows in the settings only when it is not the default 'xla' (older results have no such arg)."""
+  """decode_head shows in the settings only when it is not the default 'xla' (older results have no such arg);
+  bench_sampler's --xla-flags only when set."""
   _write(tmp_path, "new1", 46000.0, 0.46)
   _write(tmp_path, "head1", 48300.0, 0.48, decode_head="pallas")
   _write(tmp_path, "head2", 48500.0, 0.49, decode_head="pallas")
+  _write(tmp_path, "pdl1", 46460.0, 0.465, xla_flags="--xla_gpu_enable_pdl=true")
+  _write(tmp_path, "plain1", 46000.0, 0.46, xla_flags="")
   lines = bench_ab_table.table(bench_ab_table.load(str(tmp_path))).splitlines()
   assert lines[2].endswith("| add_norm=xla fusion=0 out=xla |")
   assert lines[3] == "| head | 48,300 / 48,500 | 48,400 | 1.052 | 48.5 % | add_norm=xla fusion=0 out=xla head=pallas |"
+  assert lines[4] == ("| pdl | 46,460 | 46,460 | 1.010 | 46.5 % | add_norm=xla fusion=0 out=xla "
+                      "xla_flags=--xla_gpu_enable_pdl=true |")
+  assert lines[5] == "| plain | 46,000 | 46,000 | 1.000 | 46.0 % | add_norm=xla fusion=0 out=xla |"
 
 
 def test_a_variant_name_may_end_in_digits(tmp_path):
