@@ -22,7 +22,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -81,24 +80,6 @@ def _cache_ops_in_decode(dump_dir: str, cache_shape_fragment: str) -> dict:
           for op in ("copy", "convert", "transpose"):
             if f" {op}(" in rhs:
               counts[op] += 1
-  return counts
-
-
-def _grid_dep_in_decode_ptx(dump_dir: str) -> dict:
-  """Counts, in the _decode modules' dumped PTX (XLA's kernels and the Pallas ones it links in), the kernel entries
-  and the programmatic-dependent-launch instructions (griddepcontrol.wait / .launch_dependents): whether
-  --xla-flags=--xla_gpu_enable_pdl=true reaches the kernels at all. files 0: XLA dumped no PTX."""
-  counts = {"files": 0, "entries": 0, "wait": 0, "launch_dependents": 0}
-  if not os.path.isdir(dump_dir):
-    return counts
-  for fn in os.listdir(dump_dir):
-    if "_decode" in fn and fn.endswith(".ptx"):
-      counts["files"] += 1
-      with open(os.path.join(dump_dir, fn)) as fh:
-        text = fh.read()
-      counts["entries"] += len(re.findall(r"^(?:\.visible\s+)?\.entry\s", text, flags=re.M))
-      counts["wait"] += text.count("griddepcontrol.wait")
-      counts["launch_dependents"] += text.count("griddepcontrol.launch_dependents")
   return counts
 
 
@@ -186,8 +167,6 @@ def jax_worker(args) -> dict:
           f"{run['decode_tok_s']:.0f} tok/s peak {run['peak_bytes'] or 0:.3g} B", flush=True)
   cache_dims = f"[{args.batches[0]},{cfg.num_kv_heads},{args.prompt_len + args.new_tokens},{cfg.head_dim}]"
   out["cache_ops_in_decode_hlo"] = _cache_ops_in_decode(args.dump_dir, cache_dims)
-  out["grid_dep_in_decode_ptx"] = _grid_dep_in_decode_ptx(args.dump_dir)
-  print(f"[jax] decode PTX: {out['grid_dep_in_decode_ptx']}", flush=True)
   return out
 
 
@@ -423,10 +402,6 @@ def write_summary(results: dict, args, final: bool) -> None:
       notes.append(f"{model}: copy/convert/transpose ops on KV-cache-shaped arrays in the optimized decode HLO "
                    f"(batch {args.batches[0]}): {ops['copy']}/{ops['convert']}/{ops['transpose']} "
                    f"(0/0/0 = cache read and updated in place; {ops['files']} HLO files).")
-    ptx = entry.get("jax", {}).get("grid_dep_in_decode_ptx")
-    if ptx and ptx["files"]:
-      notes.append(f"{model}: decode PTX ({ptx['files']} files, {ptx['entries']} kernels): griddepcontrol.wait "
-                   f"{ptx['wait']}x, .launch_dependents {ptx['launch_dependents']}x (programmatic dependent launch).")
   table = "\n".join(lines)
   with open(os.path.join(args.out, "results.json"), "w") as fh:
     json.dump(results, fh, indent=2)
