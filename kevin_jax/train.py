@@ -25,8 +25,9 @@ invocation runs at least one step; a resumed run, or one that skips the step-0 e
 continues towards total_steps.
 
 total_steps=0 runs the start alone: the warm start if one is due, then the step-0 evaluation of the starting
-policy (e.g. of `init_from`, an exported trained policy), with the same sampling seeds as any run of this seed:
-experiments/default_phases.sh splits the default job into device calls this way.
+policy (e.g. of `init_from`, an exported trained policy), with the same sampling seeds as any run of this seed,
+so a job split into phases (warm start and its evaluation; RL from the export; the trained export's evaluation)
+gives the same before and after numbers as one uninterrupted run.
 """
 
 from __future__ import annotations

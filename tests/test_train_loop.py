@@ -189,8 +189,7 @@ def test_in_training_first_false_skips_only_the_step0_evaluation(tmp_path):
 
 def test_total_steps_zero_evaluates_the_start_and_an_export_in_phases(tmp_path):
   """total_steps=0 evaluates the starting policy only (no step, checkpoint or export). The default job split into
-  phases as experiments/default_phases.sh runs it (start evaluated alone; RL with no evaluations; the exported
-  policy evaluated alone) gives the same before and after numbers as one uninterrupted run of the same seed."""
+  phases (start evaluated alone; RL with no evaluations; the exported policy evaluated alone) gives the same before and after numbers as one uninterrupted run of the same seed."""
   def config(total_steps):
     return _with_eval(_config(total_steps=total_steps), trajectories=2, turns=2, max_tasks=2, splits=("train", "test"))
 
