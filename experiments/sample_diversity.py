@@ -18,6 +18,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 import time
 
@@ -30,14 +31,21 @@ from kevin_jax.kernels import suite
 from kevin_jax.rl import prompts
 
 
+_CUDA_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_PLAN_COMMENT = re.compile(r"#[^\n]*")
+
+
 def candidate_key(text: str) -> str | None:
-  """The ```cuda and ```plan blocks with whitespace normalised (several suite candidates share a kernel and differ
-  only in the plan), or None if the candidate does not parse."""
+  """The ```cuda and ```plan blocks with comments dropped and whitespace normalised (several suite candidates share a
+  kernel and differ only in the plan), or None if the candidate does not parse. Two candidates with the same key
+  are the same program: a response that only rewords a comment is still a copy."""
   try:
     c = candidate_lib.parse_candidate(text)
   except candidate_lib.FormatError:
     return None
-  return " ".join(c.cuda_source.split()) + " | " + " ".join(c.plan_text.split())
+  cuda = _CUDA_COMMENT.sub(" ", c.cuda_source)
+  plan = _PLAN_COMMENT.sub(" ", c.plan_text)
+  return " ".join(cuda.split()) + " | " + " ".join(plan.split())
 
 
 def suite_designs() -> dict[str, dict[str, str]]:

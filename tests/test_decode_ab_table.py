@@ -1,4 +1,4 @@
-"""experiments/decode_ab_table.py on the twenty-first session's committed profile_decode records."""
+"""experiments/decode_ab_table.py on two committed profile_decode records (tests/data/profile_decode)."""
 
 import json
 import os
@@ -7,8 +7,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import decode_ab_table  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_RECORDS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "results",
-                        "2026-12-04_twentyfirst", "decode_auto")
+_RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "profile_decode")
 
 
 def test_table_of_two_committed_runs():

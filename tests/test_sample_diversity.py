@@ -53,3 +53,12 @@ def test_summarize_counts_distinct_formed_and_designs():
   out = sd.summarize({TASK: [naive, naive], "b": [_response(cands["wrong_boundary"].text)] * 2},
                      {TASK: designs, "b": designs})
   assert out["distinct"] == 0.5 and out["designs"] == {"naive": 0.5, "wrong": 0.5}
+
+
+def test_candidate_key_ignores_comments_not_code():
+  cands, _ = _designs()
+  text = cands["naive"].text
+  commented = text.replace("```cuda\n", "```cuda\n/* a block\n comment */ // and a line\n", 1).replace(
+      "```plan\n", "```plan\n# the launch\n", 1)
+  assert commented != text and sd.candidate_key(commented) == sd.candidate_key(text)
+  assert sd.candidate_key(text.replace("0.0f", "1.0f", 1)) != sd.candidate_key(text)
