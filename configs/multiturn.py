@@ -10,7 +10,7 @@ Presets, comma-separated after a colon (big_vision style):
                                   (--config.tasks.source=DIR), 8 GPUs, 16k/22k-token responses.
 Any field can be overridden: --config.rl.gamma=0.8. A misspelt field is an error (the config is locked).
 
-Paper values cite `reference/kevin-paper.md` (the team's notes on the paper) by section: [P §n].
+Paper values cite the Kevin paper (arXiv 2507.11948) by section: [P §n], [P Table n], [P eq. n].
 """
 
 import ml_collections
@@ -23,15 +23,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.mode = "train"  # Which job main.py runs: train | evaluate | sft.
   c.seed = 0  # Root PRNG seed: parameters, sampling, task order.
   c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
-  c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. 30 steps took the
-  #   warm start +38.5 % (seed 0) and +36.1 % (seed 1) (README "Results"); the whole run (warm start, 30 steps,
-  #   before/after evaluations of both splits) measured in phases at ~11 min on one H200 (BENCHMARKS.md,
-  #   "Embedded default job"). 20 until 2026-12-03. 0 = no RL: the warm start (if due) and the starting policy's
-  #   evaluation only.
+  c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. 0 = no RL: the
+  #   warm start (if due) and the starting policy's evaluation only. The default job with 30: ~11 min on one
+  #   GPU (BENCHMARKS.md "Main job").
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
   c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is
-  #   measured (a resumed run, or evaluation.in_training_first=False); 0 = none. The default's train split: ~120 s.
+  #   measured (a resumed run, or evaluation.in_training_first=False); 0 = none.
 
   # --- Policy: the Flax NNX Qwen2 model. ---
   c.policy = ml_collections.ConfigDict()
@@ -47,24 +45,23 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.decode_down = "auto"  # Decode down projection: auto (split Pallas kernel on a GPU up to 64 rows where the
   #   hidden size is at most 1,024) | xla | pallas.
   c.policy.decode_qkv = "auto"  # Decode q/k/v projection, RoPE and cache write: auto (one Pallas kernel on a GPU up
-  #   to 64 rows, batch a multiple of 16; +3.6 % decode tokens/s at 0.5B, batch 64) | xla | pallas.
+  #   to 64 rows, batch a multiple of 16) | xla | pallas.
   c.policy.decode_out = "auto"  # Decode o projection + residual add: auto (one Pallas kernel on a GPU up to 64 rows,
-  #   where the q/k/v kernel runs with the norm inside, decode_norm) | xla | pallas. Alone it was 1.2 % slower.
+  #   where the q/k/v kernel runs with the norm inside, decode_norm) | xla | pallas.
   c.policy.decode_add_norm = "xla"  # Decode residual add after the MLP + the next RMSNorm: xla | auto (one Pallas
-  #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: 4.4 % slower (0.5B, B 64).
+  #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: slower at 0.5B, batch 64.
   c.policy.decode_norm = "auto"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: auto (inside on a GPU up to
   #   hidden size 1,024, else xla) | xla (XLA's norm fusion) | fold (the scale folded into the kernels' weights, XLA
-  #   computes only 1/rms per row) | inside (the kernels compute 1/rms too). With decode_out's kernel, inside gained
-  #   1.9 % on an H200 and 2.2-2.5 % on an H100 (0.5B, B 64); alone, both lost on the H100.
-  c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul; on an H200 that made
-  #   0.5B decode at batch 64 slower, 40.2k -> 32.2k tok/s, BENCHMARKS.md).
+  #   computes only 1/rms per row) | inside (the kernels compute 1/rms too; faster with decode_out's kernel at
+  #   0.5B, batch 64: BENCHMARKS.md "Sampler").
+  c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul, slower 0.5B decode at
+  #   batch 64).
 
   # --- Sampler: the jitted KV-cache generator. ---
   c.sampler = ml_collections.ConfigDict()
   c.sampler.temperature = 0.6  # Softmax temperature, train and eval. Paper: 0.9 [P §1 "Sampling"], set by the
-  #   `paper` preset. The embedded 28M policy memorises its corpus and derails after one off-text sample: at 0.6 its
-  #   warm start scores 2.4x what it scores at 0.9, and RL raised the score on two seeds where at 0.9 it fell
-  #   (README "Results", 2026-12-02).
+  #   `paper` preset. The embedded 28M policy memorises its corpus and derails after one off-text token at 0.9
+  #   (experiments/warm_start).
   c.sampler.top_p = 1.0  # Nucleus mass (1.0 = off).
   c.sampler.top_k = 0  # Top-k (0 = off).
   c.sampler.max_new_tokens = 2048  # Response budget per turn, tokens (warm-start targets reach ~2.8k). Paper: 16384, 22528 after step 30 [P §1].
@@ -72,10 +69,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
   c.sampler.decode_fusion = False  # Compile the decode loop alone with XLA's multi-output Triton fusions (opt-in:
-  #   +0.3 % decode tok/s at 0.5B, batch 64, within run-to-run spread; BENCHMARKS.md "Sampler").
+  #   within run-to-run spread at 0.5B, batch 64).
   c.sampler.decode_head = "xla"  # The LM head and the draw: 'xla' (GEMM, then sample_logits) | 'auto' (the one Pallas
   #   kernel of kevin_jax/policy/decode_head.py on a GPU, batches <= 64, temperature or greedy only) | 'pallas'.
-  #   Opt-in: 1.1-1.5 % slower decode on an H100 at 0.5B, batch 64 (BENCHMARKS.md "Sampler").
+  #   Opt-in: slower decode at 0.5B, batch 64.
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()
@@ -84,8 +81,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rollout.trajectories = 16  # Parallel trajectories per task, m [P §1: 16].
   c.rollout.turns = 4  # Refinement turns per trajectory, n [P §1: 4 in training, 8 at test].
   c.rollout.max_context_tokens = 3072  # Prompt budget per turn, tokens; oldest earlier turns dropped first. The
-  #   warm start's prompts are built within it too (sft.fit_prompts). 4096 until 2026-12-04: the warm start then
-  #   saw few prompts over 3k tokens, and about half its responses to them were format errors (README "Results").
+  #   warm start's prompts are built within it too (sft.fit_prompts), and 3072 + sampler.max_new_tokens =
+  #   sft.max_seq_len. Paper: 8192 [P §1 "Token budgets"], set by the `paper` preset.
   c.rollout.feedback_max_chars = 2000  # Evaluator feedback kept per earlier turn, characters.
   c.rollout.save_turns = True  # Write every turn (prompt id, response, result) to workdir/rollouts/*.jsonl.
 
@@ -97,7 +94,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.adv_baseline = "mean"  # Per-task baseline over the m*n turn-samples: mean | leave_one_out.
   c.rl.adv_eps = 1e-6  # Added to the std before dividing (all-equal groups get advantage 0).
   c.rl.negative_scale = 1.0  # Multiplier of negative advantages: 1 = GRPO [P eq. 1]; 0 = push only the
-  #   above-baseline samples up (on a memorising policy GRPO's negatives collapsed it: README "Results").
+  #   above-baseline samples up (an ablation: experiments/toy_memorizer).
   c.rl.adv_prob_weight = 0.0  # alpha in [0, 1]: token advantages x (alpha * pi_old(token) + 1 - alpha); 0 = off
   #   (paper); 1 = improbable tokens (sampling noise) stop dominating the update (rl/grpo.py policy_loss).
   c.rl.shuffle_advantages = False  # Null control: permute advantages across the batch's turn-samples (same
@@ -114,12 +111,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   (default: avoids sampler/learner numeric mismatch in the ratio); False = use the sampler's log-probs.
   c.rl.logits_chunk = 1024  # Positions per chunk of the log-prob computation (bounds fp32 [B, chunk, vocab]).
   c.rl.scan_layers = False  # Learner scans the decoder layers (rl/layer_scan.py): needed for remat to save
-  #   memory, but it copies the stacked layer weights every step (1.5B on an H200: 37.7% MFU vs 46.5% unrolled).
+  #   memory, but it copies the stacked layer weights every step (lower MFU: BENCHMARKS.md "Learner step").
 
   # --- Optimizer: Optax AdamW or SGD [P §1 "Learning rate", "Gradient clipping"]. ---
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"  # adamw (paper) | sgd (heavy-ball momentum b1; b2, eps unused): an ablation
-  #   (rl/optimizer.py; on the CPU toy no better than Adam at a similar distance moved).
+  #   (rl/optimizer.py).
   c.optimizer.learning_rate = 1e-5  # Peak LR, constant after warmup. Paper: 2e-6 for QwQ-32B [P §1], set by the
   #   `paper` preset; the embedded 28M policy gets 30 steps x 2 updates, where 2e-6 would barely move it.
   c.optimizer.warmup_ratio = 0.03  # Fraction of total optimizer steps spent warming up linearly [P §1].
@@ -141,9 +138,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.correctness_trials = 5  # Fresh random input sets checked per candidate (KernelBench: 5).
   c.evaluator.timing_runs = 100  # Timed launches per side, median taken (KernelBench: 100).
   c.evaluator.timing_max_s = 0.5  # Time budget of one candidate's timed runs, seconds (0 = none): past it (and
-  #   timing_min_runs), stop early; the last run is validated (kernels/timing.py). On an H200 the bundled suite's
-  #   169 solutions took 36 s of timing instead of 75 s, every speedup within 1.2 % (BENCHMARKS.md). 0 until
-  #   2026-12-03; the `paper` preset keeps 0 (KernelBench's 100 runs).
+  #   timing_min_runs), stop early; the last run is validated (kernels/timing.py). The `paper` preset keeps 0
+  #   (KernelBench's 100 runs). Half the timing, speedups within 1.2 %: BENCHMARKS.md "Evaluator".
   c.evaluator.timing_min_runs = 10  # Timed runs done before timing_max_s may stop them.
   c.evaluator.warmup_runs = 3  # Untimed launches per side before timing.
   c.evaluator.atol = 1e-4  # fp32 absolute tolerance (KernelBench today: 1e-4).
@@ -165,16 +161,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.timing_input_sets = 2  # Rotating input sets during timing (>= 2; contents also rescaled per run).
   c.evaluator.input_distributions = ("task", "normal", "uniform", "heavy", "shifted")  # Per correctness trial.
   c.evaluator.result_cache = 8192  # Results kept for repeats of an identical (task, candidate) pair in later batches
-  #   (later turns, steps and evaluations of the same job), LRU entries; 0 = evaluate every batch afresh. A
-  #   memorising policy rewrites the same kernels: in a 24-step RL run 90 % of the evaluator's GPU time went to
-  #   candidates the step-0 evaluation or an earlier step had already evaluated (BENCHMARKS.md). Timeouts and
-  #   evaluator errors are never reused. 0 until 2026-12-04.
+  #   (later turns, steps and evaluations of the same job), LRU entries; 0 = evaluate every batch afresh. Timeouts
+  #   and evaluator errors are never reused. Halves an RL step of the default: BENCHMARKS.md "Evaluator".
   c.evaluator.validate_fraction = 0.2  # Share of timed runs whose outputs are re-checked (plus first and last).
   c.evaluator.timing_graphs = "auto"  # CUDA-graph timing: auto (reference < graph_threshold_ms) | always | never.
   c.evaluator.graph_threshold_ms = 0.05  # Launch-bound cut-off for timing_graphs=auto, milliseconds.
   c.evaluator.ref_timing = "cached"  # cached (time the reference once per task/GPU/torch, then only on validated
-  #   runs) | interleaved (time it in every evaluation: the evaluator library's default, and this config's until
-  #   2026-12-03). Every RL result in README "Results" since 2026-12-02 (sixth session) was measured with cached.
+  #   runs) | interleaved (time it in every evaluation: the evaluator library's default).
   c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
   c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
   c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).
@@ -230,9 +223,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   "mixture" warm start): turn 1 -> naive, optimized or a known-wrong variant (single, first_wrong); after
   #   feedback -> the optimized solution (fix_wrong, speed_up, fix_then_speed_up) or, as often, not acting on it
   #   (slow_again: naive again; wrong_again: another wrong variant); the later-turn prompts rollouts produce after a
-  #   format error or the fast solution (retry_format, keep_fast, fast_then_format, format_twice). Until 2026-12-03
-  #   the default was the first four with quote reasoning (export_corpus.KINDS): its later turns derailed; then,
-  #   for a day, all but slow_again and wrong_again (export_corpus.FIRST_TURN_MIXTURE) (README "Results").
+  #   format error or the fast solution (retry_format, keep_fast, fast_then_format, format_twice). Which corpora
+  #   let RL improve the policy: experiments/warm_start.
   c.sft.corpus_reasoning = "plain"  # Later-turn reasoning of the bundled corpus: plain (only the kind of outcome,
   #   the task and the plan) | quote (the previous feedback's text and timings; export_corpus.py docstring).
   c.sft.epochs = 30.0  # Passes over the training examples (used when sft.steps == 0).
@@ -251,7 +243,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   rollout.max_context_tokens + sampler.max_new_tokens. Longer ones are dropped (counted in the log).
   c.sft.fit_prompts = True  # Bundled corpus: build each later-turn prompt as the rollout does, within
   #   rollout.max_context_tokens, oldest earlier attempts dropped first (rl/sft_data.rollout_fit); False = every
-  #   earlier attempt, however long (before 2026-12-04: 90 of 654 examples were then over max_seq_len and dropped).
+  #   earlier attempt, however long (examples over max_seq_len are then dropped).
   c.sft.truncate = False  # True: cut over-long responses at max_seq_len instead of dropping the example.
   c.sft.input_noise = 0.0  # Share of response tokens the model reads replaced by another token of the same
   #   response (targets unchanged; rl/sft_data.make_batch): robustness to the sampler's own deviations. 0 = off.
@@ -335,7 +327,7 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.tasks.train_ids, c.tasks.test_ids = kernelbench.split_ids()  # 90+90 train, 10+10 held out [P §1].
       c.evaluation.in_training_splits = ("test",)  # The 20 held-out tasks ...
       c.evaluation.in_training_every = 10  # ... every 10 steps.
-      c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs (STYLE.md practice 7).
+      c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs.
       c.checkpoint.export_hf = False  # QwQ-32B: ~65 GB of safetensors gathered by one host; turn on to keep one.
     else:
       raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper")

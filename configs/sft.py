@@ -1,4 +1,4 @@
-"""Supervised warm start of the embedded policy on the task suite's corpus (issue 8), before multi-turn RL.
+"""Supervised warm start of the embedded policy on the task suite's corpus, before multi-turn RL.
 
 Run (from the repository root, one GPU; a few minutes for the 'small' preset):
   python -m kevin_jax.main --config=configs/sft.py --workdir=runs/sft

@@ -32,7 +32,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PEAK_DATASHEET = 989e12  # H200 SXM dense bf16, FLOP/s.
-PEAK_MEASURED = 808e12  # bf16 8192^3 matmul through JAX on our H200 (reference/environment.md).
+PEAK_MEASURED = 808e12  # bf16 8192^3 matmul through JAX on an H200, FLOP/s (BENCHMARKS.md "Learner step").
 
 
 def flops_per_token(cfg, seq_len: int, *, full_attention: bool = False) -> tuple[float, float]:

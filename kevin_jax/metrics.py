@@ -28,7 +28,7 @@ class MetricWriter:
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
-      from tensorboardX import SummaryWriter  # Light writer, no TensorFlow (DESIGN.md).
+      from tensorboardX import SummaryWriter  # Light writer, no TensorFlow.
       self._tb = SummaryWriter(os.path.join(workdir, tensorboard_dir))
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:

@@ -43,8 +43,8 @@ def require_gpu_for_evaluator(config) -> None:
 def set_xla_gpu_flags(triton_gemm: bool) -> None:
   """XLA GPU flags from the config; call before JAX's backend starts (flags the user set in XLA_FLAGS win).
 
-  triton_gemm=False routes XLA's matmuls to cuBLAS instead of its Triton GEMM fusions (an experiment knob: on
-  the H200 it slowed 0.5B decode at batch 64 and is off by default; BENCHMARKS.md, sampler).
+  triton_gemm=False routes XLA's matmuls to cuBLAS instead of its Triton GEMM fusions (an experiment knob; slower
+  0.5B decode at batch 64, so off by default).
   """
   flags = os.environ.get("XLA_FLAGS", "")
   if not triton_gemm and "xla_gpu_enable_triton_gemm" not in flags:

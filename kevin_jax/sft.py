@@ -1,4 +1,4 @@
-"""mode=sft: the supervised warm start of the policy on the task suite's corpus (issue 8).
+"""mode=sft: the supervised warm start of the policy on the task suite's corpus.
 
   python -m kevin_jax.main --config=configs/sft.py --workdir=runs/sft
   python -m kevin_jax.main --config=configs/multiturn.py --workdir=runs/rl --config.init_from=runs/sft/hf

@@ -1,4 +1,4 @@
-"""DESIGN.md's two worlds: the learner never imports torch/CuPy, the evaluator never imports JAX."""
+"""The two worlds: the learner never imports torch/CuPy, the evaluator never imports JAX."""
 
 import os
 import subprocess

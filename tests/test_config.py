@@ -40,12 +40,12 @@ def test_embedded_default_sizes():
   c = multiturn.get_config()
   assert (c.rollout.tasks_per_step, c.rollout.trajectories, c.rollout.turns, c.total_steps) == (2, 16, 4, 30)
   assert c.policy.preset == "small" and c.optimizer.learning_rate == 1e-5 and not c.rl.scan_layers
-  assert c.sampler.temperature == 0.6  # The paper's 0.9 derails the memorising small policy (README "Results").
-  # The mixture warm start (README "Results", twelfth session): every corpus kind, plain later-turn reasoning.
+  assert c.sampler.temperature == 0.6  # The paper's 0.9 derails the memorising small policy (experiments/warm_start).
+  # The mixture warm start: every corpus kind, plain later-turn reasoning.
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
   assert tuple(c.sft.corpus_kinds) == export_corpus.ALL_KINDS and c.sft.corpus_reasoning == "plain"
   # The warm start trains on the sequences RL samples: prompts fitted within RL's prompt budget, and room for RL's
-  # whole response budget (5,120 = 4,096 + 1,024 silently stopped holding when responses grew to 2,048).
+  # whole response budget.
   assert c.sft.fit_prompts and c.rollout.max_context_tokens == 3072
   assert c.sft.max_seq_len == c.rollout.max_context_tokens + c.sampler.max_new_tokens
 

@@ -1,7 +1,7 @@
 """Kevin's GRPO math as pure functions: turn returns, per-task advantages, the clipped policy loss.
 
 Shapes: N trajectories, T turns (returns); B sequences (turn-samples) of L token positions (loss).
-Paper numbers cite `reference/kevin-paper.md` as [P §n]. Every function is jit-compatible and works on
+Paper numbers cite the Kevin paper (arXiv 2507.11948) as [P §n]. Every function is jit-compatible and works on
 NumPy or JAX arrays; the learner calls `policy_loss` inside its jitted step, the RL loop calls
 `discounted_returns` and `group_advantages` on the host once per rollout batch.
 
@@ -180,7 +180,7 @@ def scale_negatives(advantages, scale: float) -> jax.Array:
   tokens down in the off-path contexts (where they are less certain, so their gradient is larger) can outweigh
   the positive samples' nearly saturated push up: the policy's entropy grows and it collapses. A scale below 1
   keeps the ordering of the samples but leaves a net push towards the above-baseline ones
-  (experiments/toy_memorizer_rl.py measures both).
+  (experiments/toy_memorizer measures both).
   """
   a = jnp.asarray(advantages, jnp.float32)
   return jnp.where(a < 0, scale * a, a)

@@ -64,7 +64,7 @@ def setup_devices(backend: str, n: int) -> str:
       jax.config.update("jax_mock_gpu_topology", f"1x{n}x1")
       jax.config.update("jax_cuda_visible_devices", "0")
       # Autotuning runs candidate kernels on each device; mocked devices have none to run them on (the compile
-      # hung in backend_compile_and_load on the H200 host, JAX 0.11.2). Default GEMM configs change
+      # hangs in backend_compile_and_load with JAX 0.11.2). Default GEMM configs change
       # workspaces by a few MiB, not the activations and state this check is about.
       flags = os.environ.get("XLA_FLAGS", "")
       if "xla_gpu_autotune_level" not in flags:

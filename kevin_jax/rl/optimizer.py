@@ -7,8 +7,8 @@ an Adam step of ~lr = 2e-6 relative to weights of ~1e-2 is below bf16's resoluti
 
 name='sgd' (momentum b1) is for ablations: Adam divides each parameter's update by its own gradient scale, so on a
 noise-dominated RL gradient it moves nearly every parameter by ~lr; SGD moves each in proportion to its gradient.
-On the CPU toy of a memorising policy (experiments/toy_memorizer_rl.py, README "Results") SGD did no better than
-Adam at a similar distance moved from the warm start, so it is not a cure for that drift.
+On the CPU toy of a memorising policy (experiments/toy_memorizer) SGD did no better than Adam at a similar
+distance moved from the warm start.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `EvaluatorReward` runs `kevin_jax.kernels.evaluator.Evaluator` in a separate spawned process (which in turn
 supervises the sandboxed GPU workers), so the learner process never imports torch or CuPy: only task ids,
-candidate text and result dicts cross the pipe (DESIGN.md, "Two worlds, one boundary"). Malformed responses
+candidate text and result dicts cross the pipe (tests/test_boundaries.py). Malformed responses
 are scored 0 with a format-error feedback here, before any evaluation.
 """
 

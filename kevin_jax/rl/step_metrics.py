@@ -1,4 +1,4 @@
-"""Per-step rollout metrics [P §3 monitors, issue: reward/correctness per turn, feedback shares, junk, speed]."""
+"""Per-step rollout metrics [P §3 monitors]: reward and correctness per turn, feedback shares, junk, speed."""
 
 from __future__ import annotations
 
