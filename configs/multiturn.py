@@ -25,7 +25,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.init_from = ""  # Start from other weights: an Orbax workdir or an HF directory ('' = policy.checkpoint).
   c.total_steps = 30  # RL steps (one step = one rollout batch). Paper: up to 40 steps [P §1]. 0 = no RL: the
   #   warm start (if due) and the starting policy's evaluation only. The default job with 30: ~11 min on one
-  #   GPU (BENCHMARKS.md "Main job").
+  #   H200 (BENCHMARKS.md "Main job").
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
   c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is
