@@ -13,7 +13,7 @@ FLOP count (model FLOPs; recomputation by remat is not counted):
   step FLOPs  = rows * T * fwd * (3 + 1)                        fwd+bwd of every sample once (3x fwd), plus the
                                                                 forward recompute of old log-probs (1x fwd)
   MFU         = step FLOPs / step time / peak;  peak = 989 TFLOP/s (H200 dense bf16 datasheet), also reported
-                against the 808 TFLOP/s measured 8192^3 bf16 matmul ceiling of our H200.
+                against the 808 TFLOP/s measured 8192^3 bf16 matmul ceiling of an H200.
   `mfu_palm` counts attention over the full T x T (PaLM/MaxText convention: 4*L*T*N*H per token forward),
   which flash kernels with a causal mask do not execute; it is reported for comparison only.
 """

@@ -1,13 +1,12 @@
 """Toy check of GRPO on a memorised policy (CPU, minutes): does RL sharpen or blur what SFT memorised?
 
-Why: on 2026-12-01 the embedded default's RL phase lowered the warm start's train-task kernel score (README
-"Results"), with the policy's entropy rising, and 5x the learning rate collapsed it to ~no correct kernel. The
-warm start is a 28M policy fitted to ~0 loss on ~160 episodes. This toy has the same shape at CPU size: a tiny
-Qwen2 memorises one target sequence per prompt through the real Learner (advantage 1 = SFT), then the real
-GRPO learner trains it on its own samples with a verifier-like reward, and a fixed-seed evaluation tracks the
-share of exact-enough samples and the mean sampled-token NLL (an entropy proxy) after every few steps.
+The embedded default's warm start is a small policy fitted to ~0 loss on a few hundred episodes. This toy has the
+same shape at CPU size: a tiny Qwen2 memorises one target sequence per prompt through the real Learner
+(advantage 1 = SFT), then the real GRPO learner trains it on its own samples with a verifier-like reward, and a
+fixed-seed evaluation tracks the share of exact-enough samples and the mean sampled-token NLL (an entropy proxy)
+after every few steps. Results: experiments/toy_memorizer/README.md.
 
-  # README "Results" rows (each ~3-10 min on 2 CPU cores): GRPO vs positives-only, every prompt in every step
+  # one row of that study (~3-10 min on 2 CPU cores): GRPO vs positives-only, every prompt in every step
   python experiments/toy_memorizer_rl.py --sft-steps 120 --prompts 32 --target-len 80 --tolerance 1 \
       --lrs 1e-3 --negative-scales 0,1 --tasks-per-step 32 --group 8 --rl-steps 20 --out toy.jsonl
 
