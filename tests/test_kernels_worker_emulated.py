@@ -17,6 +17,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import timing, worker
+from kevin_jax.kernels.integrity import KeyedHash
 from kevin_jax.kernels.plan import Limits
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "eval")
@@ -89,8 +90,9 @@ def emu(monkeypatch, tmp_path):
   monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
   monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
   monkeypatch.setattr(worker, "KernelModule", FakeModule)
-  monkeypatch.setattr(timing, "wait", lambda *a, **k: None)
   monkeypatch.setattr(worker, "wait", lambda *a, **k: None)
+  monkeypatch.setattr(worker, "read_cubin", lambda cubin: None)  # No cubin here: the ELF checks are test_kernels_cubin's.
+  monkeypatch.setattr(worker.static, "check_cubin", lambda *a, **k: None)
   monkeypatch.setattr(worker, "_context_ok", lambda: True)
   monkeypatch.setattr(worker.TaskState, "pinned_out",
                       lambda self, j, like: torch.empty(like.shape, dtype=like.dtype))
@@ -109,22 +111,25 @@ def emu(monkeypatch, tmp_path):
              rtol=1e-4, half_atol=1e-2, half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0,
              timing_input_sets=2,
              input_distributions=("task", "normal", "uniform", "heavy", "shifted"), validate_fraction=0.2,
-             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0)
+             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0,
+             max_local_memory_bytes=4 * 2**30, max_static_device_bytes=256 * 2**20)
   w.device = torch.device("cpu")
   w.limits = Limits()
   w.stream = FakeStream()
   w.flush = torch.empty(4096, dtype=torch.uint8)
   w.tasks = collections.OrderedDict()
   w.secret = random.Random(0)
+  w.hasher = KeyedHash(w.device)
+  w.budget_end = float("inf")
   path = str(tmp_path / "add.py")
 
-  def run(impl, cuda=CUDA_ADD, plan=PLAN_ADD, task=None, **settings):
+  def run(impl, cuda=CUDA_ADD, plan=PLAN_ADD, task=None, budget_s=60.0, **settings):
     FakeModule.impls = impl
     w.s.update(settings)
     phases = []
     task_id, task_path = ("add", path) if task is None else (task, os.path.join(DATA, "tasks", task + ".py"))
     job = {"task_id": task_id, "task_path": task_path, "text": f"```cuda\n{cuda}\n```\n```plan\n{plan}\n```\n",
-           "cubin": b"", "unsafe_dists": []}
+           "cubin": b"", "unsafe_dists": [], "budget_s": budget_s}
     res = w.run(job, phases.append)
     res["phases"] = phases
     return res
@@ -143,7 +148,8 @@ def test_correct_kernel(emu):
   t = res["details"]["timing"]
   assert t["cand_ms"]["n"] == 20 and t["ref_ms"]["n"] == 20 and t["validated"] >= 2 and t["input_sets"] == 2
   assert res["speedup"] > 0 and not res["fatal"]
-  assert res["phases"][:4] == ["load", "prepare", "correctness", "reference:task"]
+  assert res["phases"][:5] == ["load", "validate", "prepare", "correctness", "reference:task"]
+  assert t["inputs"] == "fresh"
   assert res["phases"][-1] == "timing"
 
 

@@ -44,6 +44,7 @@ class Limits:
   max_scratch: int = 8
   max_scratch_bytes: int = 8 * 2**30  # All scratch buffers together.
   max_statements_lines: int = 200
+  max_resident_threads: int = 132 * 2048  # SMs x threads per SM: what per-thread local memory is reserved for.
 
 
 class PlanError(FormatError):
