@@ -214,14 +214,14 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
   out["guard"] = next(iter(su.bufs.guard_violations()), None)
   changed = [n for n, p in su.bufs.param_snapshot.items() if not B.same_bytes(su.bufs[n].tensor, p)]
   if changed:
-    out["mutated_run"], out["mutated"] = "a timed run", changed[0]
+    out["mutated_run"] = "a timed run"
   for name, found in (("bad_run", checks), ("mutated_run", integrity)):
     if found and out[name] is None:
       counts = torch.stack([c for _, c in found]).cpu().tolist()
       for (i, _), n in zip(found, counts):
         if n:
           out[name] = f"timed run {i + 1}"
-          out["bad_count" if name == "bad_run" else "mutated"] = int(n)
+          out["bad_count"] = int(n)
           break
   return out
 
@@ -271,9 +271,10 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
     res["speedup"] = ref_median / cand["median"] if cand["median"] > 0 else float("inf")
     if p["guard"] is not None:
       name, side, nbytes = p["guard"]
+      shown = "out" if name == "out0" and len(su.outs) == 1 else name.split("#")[0]
       res["flags"].append("out_of_bounds_write")
       res["status"], res["speedup"] = "runtime_error", None
-      res["error"] = (f"a timed run wrote outside buffer '{name.split('#')[0]}' ({nbytes} guard bytes "
+      res["error"] = (f"a timed run wrote outside buffer '{shown}' ({nbytes} guard bytes "
                       f"{'before its start' if side == 'before' else 'after its end'} changed)")
       return False
     if p["mutated_run"] is not None:
