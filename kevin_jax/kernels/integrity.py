@@ -56,6 +56,8 @@ def _mix(i: torch.Tensor) -> torch.Tensor:
 def _words(t: torch.Tensor) -> torch.Tensor:
   """The tensor's bytes as 32-bit words (a copy only when the byte count is not a multiple of 4)."""
   b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+  if b.storage_offset() % 4:
+    b = b.clone()
   if b.numel() % 4:
     b = torch.cat([b, torch.zeros(4 - b.numel() % 4, dtype=torch.uint8, device=b.device)])
   return b.view(torch.int32)
