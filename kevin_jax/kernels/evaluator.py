@@ -403,9 +403,8 @@ class Evaluator:
   # --- result cache (cfg.result_cache) ------------------------------------------------------------------------
   # An identical (task, candidate) pair is the same program on the same task: a later batch gets the earlier
   # result (a copy flagged "cached", timings emptied so GPU-work metrics count it once) instead of another GPU run.
-  # In RL a memorising policy writes the same kernels on every visit of a task, and most of the evaluator's GPU
-  # time is re-timing them (BENCHMARKS.md, "Embedded default job"). Results the candidate may not deserve
-  # (evaluator errors, timeouts: a hang can be the machine's) are never kept.
+  # Evidence: BENCHMARKS.md, "Embedded default job". Results the candidate may not deserve (evaluator errors,
+  # timeouts: a hang can be the machine's) are never kept.
 
   def _cached(self, key: tuple[str, str]) -> EvalResult | None:
     r = self._results.get(key)

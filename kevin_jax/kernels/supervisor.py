@@ -1,10 +1,11 @@
 """Supervised worker processes: pools of GPU and compile workers, per-phase deadlines, kill and replace.
 
 The supervisor (this module, inside the Evaluator's process) never touches CUDA. Each worker is
-`python -m kevin_jax.kernels.worker_main` started with `subprocess` in its own session (so its whole process group
-can be killed), with CUDA_VISIBLE_DEVICES chosen per slot, core dumps off, and for CPU-only roles an address-space
-limit. GPU workers get a host-memory watchdog instead (CUDA needs huge virtual ranges). A worker that crashes
-(segfault, sticky CUDA error, os._exit), overruns its phase deadline or its memory limit is killed and replaced
+`python -m kevin_jax.kernels.worker_main` started with `subprocess` as the leader of a new process group (setsid,
+so the whole group can be killed with SIGKILL), with CUDA_VISIBLE_DEVICES chosen per slot, core dumps off, and for
+CPU-only roles an address-space limit. GPU workers get a host-memory watchdog instead (CUDA needs huge virtual
+ranges); a pool can also have a memory budget for all its workers together. A worker that crashes (segfault, sticky
+CUDA error, os._exit), overruns its phase deadline, its job's wall budget or a memory limit is killed and replaced
 (by a pre-started spare when available); the job in flight becomes an event the caller turns into a result.
 Workers are recycled after `recycle_after` jobs.
 """

@@ -1,19 +1,21 @@
 """The GPU worker: one process per GPU slot, driven by the supervisor (worker_main.py) through a pipe.
 
 Per evaluation: load the task (cached: the reference Model built once with a fixed seed, TF32 off unless the
-task sets ALLOW_TF32), re-validate the plan against the live shapes and the real device limits, load the cubin
-as a fresh module, then
+task sets ALLOW_TF32; its weights' keyed hash taken), start the evaluation's wall budget, re-validate the plan
+against the live shapes and the real device limits and the cubin against the signatures (static.check_cubin),
+load the cubin as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
                first on its own copies; its outputs go, sealed, to pinned host memory and the GPU copies are
-               scrubbed and freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A),
-               with a sync, a canary check after every launch, and an input/parameter byte check after every run;
-               the first run's outputs are sealed (XOR with a secret stream) while the second runs. Both runs
-               are compared with the reference (uploaded only now).
+               scrubbed and freed. The candidate then runs twice on guarded buffers (fresh canaries per run; poison
+               0xFF, then 0x5A), with a sync, a canary check after every launch, and an input/parameter byte check
+               after every run; the first run's outputs are sealed (XOR with a secret stream) while the second
+               runs. Both runs are compared with the reference (uploaded only now).
   timing       see timing.py.
 
-Any fault that leaves the CUDA context unusable (illegal address, trap, hang) marks the result fatal; the worker
-then exits and the supervisor starts a fresh one. Exceptions never escape `GpuWorker.run`.
+Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
+runs) marks the result fatal; the worker then exits and the supervisor starts a fresh one. After every evaluation
+the reference weights' keyed hash is checked. Exceptions never escape `GpuWorker.run`.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def as_tuple(out) -> tuple:
 
 @dataclasses.dataclass
 class TaskState:
-  """A loaded task: module, reference model on the GPU, live TaskInfo, parameter checksums, pinned buffers."""
+  """A loaded task: module, reference model on the GPU, live TaskInfo, the weights' keyed hash, pinned buffers."""
   task_id: str
   module: object
   model: torch.nn.Module
