@@ -69,7 +69,8 @@ def test_hardening_attacks_are_caught_and_the_evaluator_keeps_serving(ev):
   by = dict(zip(names, rs))
   assert "root:" not in by["host_include"].feedback and "/bin/" not in by["host_include"].feedback
   # The wall budget ends the slow plan (the per-launch deadline never fires): well before 5 trials x 2 runs x 12 s.
-  assert by["slow_launches"].times["total"] < EVAL_TIMEOUT_S + 25, by["slow_launches"].times
+  slow = by["slow_launches"].times
+  assert slow.get("gpu_total", slow["total"]) < EVAL_TIMEOUT_S + 15, slow
   (r,) = ev.evaluate([("vec_add", read("candidates", "vec_add.md") + "\n<!-- after the hardening suite -->\n")])
   assert r.status == "correct", r.error
 
