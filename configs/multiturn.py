@@ -150,6 +150,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.excessive_speedup = 10.0  # Speedups above this re-validate outputs captured during timing.
   c.evaluator.compile_timeout_s = 60.0  # Wall-clock limit for compiling one candidate, seconds.
   c.evaluator.run_timeout_s = 60.0  # Wall-clock limit per GPU phase of one candidate (correctness; timing), seconds.
+  c.evaluator.eval_timeout_s = 120.0  # Wall budget of one evaluation (compile + correctness + timing; not the queue
+  #   or the task's first load), seconds: past it the verdict is `timeout` and the worker is replaced.
   c.evaluator.recycle_after = 50  # Worker evaluations before it is replaced (leaked modules, __device__ state).
   c.evaluator.worker_host_memory_gb = 32.0  # RLIMIT_AS-style host memory cap per worker, GiB (0 = none).
   c.evaluator.jax_memory_fraction = 0.6  # GPU memory fraction JAX may take when workers share the GPU.
@@ -158,7 +160,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.task_timeout_s = 300.0  # Wall-clock limit for loading a task in a GPU worker (reference build), s.
   c.evaluator.kernel_timeout_s = 5.0  # One run of a candidate's plan longer than max(this, 100 x reference) = hang, s.
   c.evaluator.worker_start_timeout_s = 300.0  # A worker process must be ready within this many seconds.
-  c.evaluator.timing_input_sets = 2  # Rotating input sets during timing (>= 2; contents also rescaled per run).
+  c.evaluator.timing_input_sets = 2  # Input buffer sets rotated during timing (>= 2; every run gets a fresh draw).
   c.evaluator.input_distributions = ("task", "normal", "uniform", "heavy", "shifted")  # Per correctness trial.
   c.evaluator.result_cache = 8192  # Results kept for repeats of an identical (task, candidate) pair in later batches
   #   (later turns, steps and evaluations of the same job), LRU entries; 0 = evaluate every batch afresh. Timeouts
@@ -174,6 +176,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.seed = -1  # Input-draw seed (-1 = secret, fresh per evaluation; >= 0 only for debugging).
   c.evaluator.nvrtc_pch = True  # NVRTC automatic precompiled headers in compile workers (NVRTC >= 12.8).
   c.evaluator.max_static_device_bytes = 256 * 2**20  # Cap on a candidate's static __device__ memory, bytes.
+  c.evaluator.max_local_memory_bytes = 4 * 2**30  # Cap on local memory per thread x resident threads, bytes.
+  c.evaluator.compile_memory_gb = 32.0  # Host memory all compile workers together may add to their start-up size, GiB.
   c.evaluator.spare_workers = True  # Keep one pre-started spare GPU worker per slot (instant replacement).
   c.evaluator.dedupe = True  # Evaluate identical (task, candidate) pairs of a batch once.
   c.evaluator.feedback_max_chars = 2000  # Length limit of the feedback message, characters.

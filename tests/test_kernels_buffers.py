@@ -11,6 +11,7 @@ import torch
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
 from kevin_jax.kernels import tasks
+from kevin_jax.kernels.integrity import KeyedHash
 
 CPU = torch.device("cpu")
 TASKS = os.path.join(os.path.dirname(__file__), "data", "eval", "tasks")
@@ -96,12 +97,19 @@ def test_tolerance_per_dtype_and_task_override():
   assert B.tolerance_for(torch.float32, 1e-4, 2e-4, 1e-2, 3e-2, task_atol=1e-3) == (1e-3, 2e-4)
 
 
-def test_checksum_detects_a_changed_word():
-  w = [torch.randn(100), torch.randn(3, 3, dtype=torch.float16)]
-  before = B.checksum(w)
-  assert B.checksum(w) == before
+def test_keyed_hash_detects_changes_that_keep_sums():
+  """A changed word, a swap of two elements (same sum, same sum of squares) and an odd byte count are all seen;
+  another key gives other hashes."""
+  h = KeyedHash(torch.device("cpu"))
+  w = [torch.randn(100), torch.randn(3, 3, dtype=torch.float16), torch.arange(7, dtype=torch.uint8)]
+  before = h(w, key=12345)
+  assert torch.equal(h(w, key=12345), before) and not torch.equal(h(w, key=54321), before)
+  swapped = [w[0][[1, 0] + list(range(2, 100))], w[1], w[2]]
+  assert h(swapped, key=12345)[0] != before[0] and h(swapped, key=12345)[1:].tolist() == before[1:].tolist()
   w[0][17] += 1e-3
-  assert B.checksum(w) != before
+  w[2][6] += 1
+  after = h(w, key=12345)
+  assert after[0] != before[0] and after[2] != before[2] and after[1] == before[1]
 
 
 def _module(task):

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from kevin_jax.kernels import compile as C
+from kevin_jax.kernels import cubin
 from kevin_jax.kernels import static
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "eval")
@@ -14,11 +15,12 @@ ADD = ('extern "C" __global__ void add(const float* x, float* y, int64_t n) {'
 
 def test_compile_success_gives_a_cubin_with_the_kernel():
   r = C.compile_cuda(ADD, "sm_90", cache_dir="")
-  ok, cubin, log, seconds = r
+  ok, cubin_bytes, log, seconds = r
   assert ok and log == "" and seconds >= 0
-  assert cubin[:4] == b"\x7fELF"
-  info = C.cubin_info(cubin)
+  assert cubin_bytes[:4] == b"\x7fELF"
+  info = cubin.read_cubin(cubin_bytes)
   assert info.kernels == ("add",) and info.undefined == () and info.global_bytes == 0
+  assert info.kernel_info["add"].param_sizes == (8, 8, 8) and info.kernel_info["add"].param_bytes == 24
   assert "-arch=sm_90" in r.options and "--std=c++17" in r.options
 
 

@@ -17,6 +17,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import timing, worker
+from kevin_jax.kernels.integrity import KeyedHash
 from kevin_jax.kernels.plan import Limits
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "eval")
@@ -89,8 +90,9 @@ def emu(monkeypatch, tmp_path):
   monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
   monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
   monkeypatch.setattr(worker, "KernelModule", FakeModule)
-  monkeypatch.setattr(timing, "wait", lambda *a, **k: None)
   monkeypatch.setattr(worker, "wait", lambda *a, **k: None)
+  monkeypatch.setattr(worker, "read_cubin", lambda cubin: None)  # No cubin here: the ELF checks are test_kernels_cubin's.
+  monkeypatch.setattr(worker.static, "check_cubin", lambda *a, **k: None)
   monkeypatch.setattr(worker, "_context_ok", lambda: True)
   monkeypatch.setattr(worker.TaskState, "pinned_out",
                       lambda self, j, like: torch.empty(like.shape, dtype=like.dtype))
@@ -109,26 +111,34 @@ def emu(monkeypatch, tmp_path):
              rtol=1e-4, half_atol=1e-2, half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0,
              timing_input_sets=2,
              input_distributions=("task", "normal", "uniform", "heavy", "shifted"), validate_fraction=0.2,
-             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0)
+             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0,
+             max_local_memory_bytes=4 * 2**30, max_static_device_bytes=256 * 2**20)
   w.device = torch.device("cpu")
   w.limits = Limits()
   w.stream = FakeStream()
   w.flush = torch.empty(4096, dtype=torch.uint8)
   w.tasks = collections.OrderedDict()
   w.secret = random.Random(0)
+  w.hasher = KeyedHash(w.device)
+  w.budget_end = float("inf")
   path = str(tmp_path / "add.py")
 
-  def run(impl, cuda=CUDA_ADD, plan=PLAN_ADD, task=None, **settings):
+  def run(impl, cuda=CUDA_ADD, plan=PLAN_ADD, task=None, budget_s=60.0, source=None, **settings):
     FakeModule.impls = impl
     w.s.update(settings)
     phases = []
     task_id, task_path = ("add", path) if task is None else (task, os.path.join(DATA, "tasks", task + ".py"))
+    if source is not None:
+      task_id, task_path = "custom", str(tmp_path / "custom.py")
+      with open(task_path, "w", encoding="utf-8") as f:
+        f.write(source)
     job = {"task_id": task_id, "task_path": task_path, "text": f"```cuda\n{cuda}\n```\n```plan\n{plan}\n```\n",
-           "cubin": b"", "unsafe_dists": []}
+           "cubin": b"", "unsafe_dists": [], "budget_s": budget_s}
     res = w.run(job, phases.append)
     res["phases"] = phases
     return res
 
+  run.worker = w
   return run
 
 
@@ -143,7 +153,8 @@ def test_correct_kernel(emu):
   t = res["details"]["timing"]
   assert t["cand_ms"]["n"] == 20 and t["ref_ms"]["n"] == 20 and t["validated"] >= 2 and t["input_sets"] == 2
   assert res["speedup"] > 0 and not res["fatal"]
-  assert res["phases"][:4] == ["load", "prepare", "correctness", "reference:task"]
+  assert res["phases"][:5] == ["load", "validate", "prepare", "correctness", "reference:task"]
+  assert t["inputs"] == "fresh"
   assert res["phases"][-1] == "timing"
 
 
@@ -365,3 +376,140 @@ def test_scratch_is_poisoned_unless_zero(emu):
   assert emu(impl, cuda=cuda, plan=plan, task="row_sum", timing_runs=5, correctness_trials=2)["status"] == "correct"
   res = emu(impl, cuda=cuda, plan=plan.replace(" zero", ""), task="row_sum")
   assert res["status"] == "incorrect"
+
+
+# --- timed runs: attacks that behave once timing starts (kernels/README.md "Exploit classes") ------------------
+
+ROW_SUM = '''
+import torch
+class Model(torch.nn.Module):
+  def forward(self, x):
+    return x.sum(1)
+def get_inputs():
+  return [torch.randn(64, 128)]
+def get_init_inputs():
+  return []
+'''
+CUDA_ROWS = 'extern "C" __global__ void rows(const float* x, float* out, int cols) {}'
+PLAN_ROWS = "launch rows grid=(x.shape[0],) block=(128,) args=(x, out, x.shape[1])"
+TRIAL_CALLS = 10  # 5 correctness trials x 2 runs: the timed runs start after these.
+
+
+def test_memoised_linear_operator_rescaled_per_pointer_is_caught(emu):
+  """Correct in every trial; from the timed runs on, a cached row sum per input pointer, rescaled by the ratio of
+  one input element to the cached one. Timed inputs used to be base sets times one factor per tensor, which this
+  reproduces exactly; independent draws per run make it wrong on the first validated run."""
+  calls, cache = [], {}
+
+  def memo(x, out, cols):
+    calls.append(1)
+    hit = cache.get(x.ptr)
+    if len(calls) > TRIAL_CALLS and hit is not None and float(hit[1]) != 0.0:
+      out.tensor.copy_(hit[0] * (x.tensor[0, 0] / hit[1]))
+      return
+    out.tensor.copy_(x.tensor.sum(1))
+    cache[x.ptr] = (out.tensor.clone(), x.tensor[0, 0].clone())
+
+  res = emu({"rows": memo}, cuda=CUDA_ROWS, plan=PLAN_ROWS, source=ROW_SUM)
+  assert res["status"] == "incorrect" and res["flags"] == ["timing_validation_failed"], res["error"]
+  assert res["details"]["timing"]["inputs"] == "fresh"
+
+
+def test_out_of_bounds_write_in_one_timed_run_is_caught(emu):
+  calls = []
+
+  def late_oob(x, y, out, n):
+    calls.append(1)
+    _add(x, y, out, n)
+    if len(calls) == TRIAL_CALLS + 5:  # One warm-up/timed run that no output check would notice.
+      out.raw[B.GUARD_BYTES + out.nbytes + 100] ^= 0xFF
+
+  res = emu({"add": late_oob}, validate_fraction=0.0)
+  assert res["status"] == "runtime_error" and res["flags"] == ["out_of_bounds_write"], res["error"]
+  assert res["error"].startswith("a timed run wrote outside buffer 'out'")
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_input_mutation_in_timed_runs_is_caught(emu, restore):
+  """Zeroing an input after computing (restore=False), or computing on a zeroed input and restoring it before the
+  next launch (restore=True): either way the candidate's inputs changed within a validated timed run."""
+  calls, saved = [], {}
+
+  def mutate(x, y, out, n):
+    calls.append(1)
+    if restore and "x" in saved:
+      x.tensor.copy_(saved.pop("x"))
+    _add(x, y, out, n)
+    if len(calls) > TRIAL_CALLS:
+      if restore:
+        saved["x"] = x.tensor.clone()
+      x.tensor.zero_()
+
+  res = emu({"add": mutate}, cuda=CUDA_ADD_RW)
+  assert res["status"] == "runtime_error" and res["flags"] == ["input_mutation"], res["error"]
+  assert "during timed run" in res["error"] or "during a timed run" in res["error"]
+
+
+def test_first_timed_run_is_validated(emu):
+  calls = []
+
+  def wrong_once(x, y, out, n):
+    calls.append(1)
+    _add(x, y, out, n)
+    if len(calls) == TRIAL_CALLS + 3 + 1:  # The first timed run after 3 warm-up runs.
+      out.tensor[0] += 1.0
+
+  res = emu({"add": wrong_once}, validate_fraction=0.0)
+  assert res["status"] == "incorrect" and "timed run 4" in res["error"], res["error"]
+
+
+def test_guard_canaries_are_per_buffer_and_per_run(emu):
+  """A kernel that knows one guard (it can read the bytes before its own buffer) writes them past its end: with
+  one canary pattern for every guard that write changed nothing; with a canary per buffer and side it is caught.
+  Likewise bytes read from a guard in one run and written back in the next."""
+  def copy_head(x, y, out, n):
+    _add(x, y, out, n)
+    out.tail[:1024].copy_(out.head[:1024])
+
+  res = emu({"add": copy_head})
+  assert res["status"] == "runtime_error" and res["flags"] == ["out_of_bounds_write"], res["error"]
+  seen = []
+
+  def replay(x, y, out, n):
+    _add(x, y, out, n)
+    if seen:
+      out.tail[:1024].copy_(seen[0])
+    else:
+      seen.append(out.tail[:1024].clone())
+
+  res = emu({"add": replay})
+  assert res["status"] == "runtime_error" and res["flags"] == ["out_of_bounds_write"], res["error"]
+
+
+def test_a_permutation_of_the_reference_weights_is_caught(emu):
+  """Swapping two rows of the reference model's weight keeps every plain and squared sum; the keyed hash sees it."""
+  cuda, plan = _read_candidate("linear_relu")
+  calls = []
+
+  def lin(x, w, b, out, rows, in_f, out_f, scale):
+    calls.append(1)
+    out.tensor.copy_(torch.relu(x.tensor @ w.tensor.T + b.tensor) * scale)
+    if len(calls) == 1:
+      state = next(iter(emu.worker.tasks.values()))
+      weight = dict(state.model.named_parameters())["linear.weight"]
+      weight.data[[0, 1]] = weight.data[[1, 0]]
+
+  res = emu({"linear_relu": lin}, cuda=cuda, plan=plan, task="linear_relu", timing_runs=5, correctness_trials=2)
+  assert "reference_corrupted" in res["flags"] and res["fatal"], (res["status"], res["flags"], res["error"])
+
+
+def test_the_evaluation_budget_ends_a_slow_candidate(emu):
+  """Each run is short (no per-launch deadline fires), but the evaluation as a whole is past its budget."""
+  def slow(x, y, out, n):
+    time.sleep(0.05)
+    _add(x, y, out, n)
+
+  t = time.monotonic()
+  res = emu({"add": slow}, budget_s=0.6)
+  assert res["status"] == "timeout" and res["flags"] == ["eval_deadline"] and res["fatal"], res["error"]
+  assert time.monotonic() - t < 5

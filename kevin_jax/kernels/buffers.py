@@ -1,11 +1,13 @@
 """Candidate-side GPU buffers: guard bands with secret canaries, poison, sealing, mutation and guard checks.
 
 Every tensor a candidate sees (inputs, parameters, outputs, scratch) is its own allocation laid out as
-[guard | data | pad to 256 B + guard]; the guards hold random bytes drawn per evaluation and are compared after
-every launch (out-of-bounds writes). Outputs and scratch are filled with a poison byte before every run: 0xFF
-(NaN for every float dtype) on the first run and 0x5A (a finite, unlikely value) on the second, so elements a
-kernel never writes are found either as NaN or as the exact poison value. `seal` XORs a buffer with a secret
-byte stream regenerated from a seed held only on the host, so a kept copy is useless to later launches.
+[guard | data | pad to 256 B + guard]. Each guard holds its own random bytes, drawn again before every run of the
+plan (`rearm`), so no guard tells a kernel what any other guard, or the same guard in a later run, contains; the
+guards are compared after every launch (out-of-bounds writes). Outputs and scratch are filled with a poison byte
+before every run: 0xFF (NaN for every float dtype) on the first run and 0x5A (a finite, unlikely value) on the
+second, so elements a kernel never writes are found either as NaN or as the exact poison value. `seal` XORs a
+buffer with a secret byte stream regenerated from a seed held only on the host, so a kept copy is useless to later
+launches.
 """
 
 from __future__ import annotations
@@ -62,13 +64,13 @@ class Guarded:
 
 
 class BufferSet:
-  """All buffers of one evaluation (one GPU, one stream), with a shared secret canary pattern."""
+  """All buffers of one evaluation (one GPU, one stream); guard canaries drawn per buffer, side and run."""
 
   def __init__(self, device: torch.device, gen: torch.Generator):
     self.device = device
     self.gen = gen
-    self.pattern = torch.randint(0, 256, (GUARD_BYTES + ALIGN,), dtype=torch.uint8, device=device, generator=gen)
     self.buffers: dict[str, Guarded] = {}
+    self.expect: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # Name -> (head, tail) canaries.
     self.param_snapshot: dict[str, torch.Tensor] = {}  # Parameter copies as handed to the candidate.
 
   def alloc(self, name: str, shape, dtype: torch.dtype) -> Guarded:
@@ -78,12 +80,29 @@ class BufferSet:
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     pad = (-nbytes) % ALIGN
     raw = torch.empty(GUARD_BYTES + nbytes + pad + GUARD_BYTES, dtype=torch.uint8, device=self.device)
-    raw[:GUARD_BYTES].copy_(self.pattern[:GUARD_BYTES])
-    raw[GUARD_BYTES + nbytes:].copy_(self.pattern[:GUARD_BYTES + pad])
     data = raw[GUARD_BYTES:GUARD_BYTES + nbytes].view(dtype).view(tuple(int(s) for s in shape))
     g = Guarded(name=name, raw=raw, tensor=data, nbytes=nbytes)
     self.buffers[name] = g
+    self._arm([g])
     return g
+
+  def rearm(self) -> None:
+    """Fresh random canaries in every guard (before each run of the plan)."""
+    self._arm(list(self.buffers.values()))
+
+  def _arm(self, items: list[Guarded]) -> None:
+    sizes = [(GUARD_BYTES, g.tail.numel()) for g in items]
+    total = sum(a + b for a, b in sizes)
+    if not total:
+      return
+    fresh = torch.randint(0, 256, (total,), dtype=torch.uint8, device=self.device, generator=self.gen)
+    off = 0
+    for g, (a, b) in zip(items, sizes):
+      head, tail = fresh[off:off + a], fresh[off + a:off + a + b]
+      off += a + b
+      g.head.copy_(head)
+      g.tail.copy_(tail)
+      self.expect[g.name] = (head, tail)
 
   def __getitem__(self, name: str) -> Guarded:
     return self.buffers[name]
@@ -98,8 +117,9 @@ class BufferSet:
       return []
     counts = []
     for g in items:
-      counts.append((g.head != self.pattern[:GUARD_BYTES]).sum())
-      counts.append((g.tail != self.pattern[:g.tail.numel()]).sum())
+      head, tail = self.expect[g.name]
+      counts.append((g.head != head).sum())
+      counts.append((g.tail != tail).sum())
     host = torch.stack(counts).cpu().tolist()
     out = []
     for k, g in enumerate(items):
@@ -128,20 +148,6 @@ def seal(t: torch.Tensor, seed: int) -> None:
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
   return a.shape == b.shape and torch.equal(bytes_of(a.contiguous()), bytes_of(b.contiguous()))
-
-
-def checksum(tensors) -> list[int]:
-  """Wrapping int64 sums of each tensor's 32-bit words (and of their squares): cheap corruption detection."""
-  sums = []
-  for t in tensors:
-    b = bytes_of(t.detach().contiguous())
-    try:
-      v = b.view(torch.int32) if b.numel() % 4 == 0 and b.numel() else b
-    except RuntimeError:  # Storage offset not 4-byte aligned.
-      v = b
-    v64 = v.to(torch.int64)
-    sums.append(torch.stack([v64.sum(), (v64 * v64).sum()]))
-  return torch.stack(sums).cpu().reshape(-1).tolist() if sums else []
 
 
 def tolerance_for(dtype: torch.dtype, atol: float, rtol: float, half_atol: float, half_rtol: float,

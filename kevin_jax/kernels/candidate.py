@@ -1,9 +1,12 @@
 """Candidate text -> CUDA source + plan text, and the `extern "C" __global__` kernel signatures.
 
-A candidate (kernels/FORMAT.md) is one ```cuda block and one ```plan block. This module finds them (a small
-CommonMark-style fence scanner: longer fences may wrap shorter ones, so an echoed example inside a ```` block is
-ignored), enforces size limits, and parses each kernel's parameter list into typed parameters that the plan's
-arguments are checked against. Nothing here imports torch or CuPy.
+A candidate (kernels/FORMAT.md) is one ```cuda block and one ```plan block. `parse_candidate` normalises the text
+(one rule for every entry point: CRLF and CR become LF; NUL and other control characters except tab and newline
+are a format error), finds the blocks (a CommonMark-style fence scanner: longer fences may wrap shorter ones, so an
+echoed example inside a ```` block is ignored), enforces size limits, applies the preprocessor rules
+(preprocess.py), and parses each kernel's parameter list into typed parameters that the plan's arguments are
+checked against. Every step is linear in the text (cuda_lex.py; no backtracking regular expressions), so no input
+can stall the compile or the GPU worker here. Nothing here imports torch or CuPy.
 """
 
 from __future__ import annotations
@@ -11,9 +14,14 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from kevin_jax.kernels import cuda_lex, preprocess
+
+MAX_TEXT_CHARS = 400_000  # Whole answer (prose and both blocks), characters.
 MAX_SOURCE_CHARS = 100_000  # CUDA block size limit (characters).
 MAX_PLAN_CHARS = 8_000  # Plan block size limit (characters).
 MAX_KERNELS = 64  # `extern "C" __global__` functions per source.
+MAX_PARAM_TOKENS = 512  # Tokens in one kernel's parameter list.
+_MAX_PREFIX_TOKENS = 16  # Tokens between `extern "C"` and `__global__` (e.g. `static`) for a kernel to count.
 
 
 class FormatError(ValueError):
@@ -33,6 +41,11 @@ class Param:
   def is_pointer(self) -> bool:
     return self.pointee is not None
 
+  @property
+  def nbytes(self) -> int:
+    """Size of the parameter in the kernel's parameter buffer (a pointer is 8 bytes)."""
+    return 8 if self.is_pointer else SCALAR_BYTES[self.scalar]
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelSig:
@@ -48,7 +61,45 @@ class Candidate:
   kernels: dict[str, KernelSig] = dataclasses.field(default_factory=dict)
 
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([^`\s]*)[^`]*$")
+# --- text --------------------------------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CONTROL_NAMES = {0x00: "NUL", 0x0B: "vertical tab", 0x0C: "form feed", 0x1B: "ESC", 0x7F: "DEL"}
+
+
+def normalize_text(text) -> str:
+  """The one text normalisation of every entry point: CRLF and CR -> LF; control characters are refused.
+
+  Raises:
+    FormatError: not a string, longer than MAX_TEXT_CHARS, or a control character other than tab and newline.
+  """
+  if not isinstance(text, str):
+    raise FormatError("the candidate must be text")
+  if len(text) > MAX_TEXT_CHARS:
+    raise FormatError(f"the answer is too long: {len(text)} characters (limit {MAX_TEXT_CHARS})")
+  text = text.replace("\r\n", "\n").replace("\r", "\n")
+  m = _CONTROL.search(text)
+  if m:
+    code = ord(m.group())
+    line = text.count("\n", 0, m.start()) + 1
+    col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+    name = _CONTROL_NAMES.get(code, "a control character")
+    raise FormatError(f"the answer contains U+{code:04X} ({name}) at line {line}, column {col}; only printable "
+                      f"text, tabs and newlines are allowed")
+  return text
+
+
+def _fence(line: str):
+  """(fence char, length, info string) when `line` is a code fence, else None (CommonMark, linear)."""
+  body = line.lstrip(" ")
+  if len(line) - len(body) > 3 or body[:1] not in ("`", "~"):
+    return None
+  ch = body[0]
+  info = body.lstrip(ch)
+  length = len(body) - len(info)
+  if length < 3 or (ch == "`" and "`" in info):
+    return None
+  return ch, length, info.strip(" \t")
 
 
 def _fenced_blocks(text: str) -> list[tuple[str, str, int, bool]]:
@@ -56,20 +107,20 @@ def _fenced_blocks(text: str) -> list[tuple[str, str, int, bool]]:
   lines = text.split("\n")
   blocks, i = [], 0
   while i < len(lines):
-    m = _FENCE.match(lines[i])
-    if not m:
+    f = _fence(lines[i])
+    if not f:
       i += 1
       continue
-    fence, lang, start = m.group(1), m.group(2).lower(), i + 1
-    body, j, closed = [], i + 1, False
+    ch, length, info = f
+    lang = info.split()[0].lower() if info else ""
+    start, j, closed = i + 1, i + 1, False
     while j < len(lines):
-      close = re.match(r"^ {0,3}(`{3,}|~{3,})[ \t]*$", lines[j])
-      if close and close.group(1)[0] == fence[0] and len(close.group(1)) >= len(fence):
+      c = _fence(lines[j])
+      if c and c[0] == ch and c[1] >= length and not c[2]:
         closed = True
         break
-      body.append(lines[j])
       j += 1
-    blocks.append((lang, "\n".join(body), start, closed))
+    blocks.append((lang, "\n".join(lines[i + 1:j]), start, closed))
     i = j + 1
   return blocks
 
@@ -78,13 +129,13 @@ _LANGS = {"cuda": "cuda", "cu": "cuda", "cuda-c": "cuda", "plan": "plan"}
 
 
 def parse_candidate(text: str) -> Candidate:
-  """Extracts the ```cuda and ```plan blocks and parses the kernel signatures.
+  """Normalises the text, extracts the ```cuda and ```plan blocks and parses the kernel signatures.
 
   Raises:
-    FormatError: a block is missing, duplicated, unterminated or too large, or a kernel signature cannot be read.
+    FormatError: bad text, a block missing, duplicated, unterminated or too large, a directive the format does not
+      allow, or a kernel signature that cannot be read.
   """
-  if not isinstance(text, str):
-    raise FormatError("the candidate must be text")
+  text = normalize_text(text)
   found: dict[str, list[tuple[str, int, bool]]] = {"cuda": [], "plan": []}
   for lang, body, line, closed in _fenced_blocks(text):
     kind = _LANGS.get(lang)
@@ -112,31 +163,6 @@ def parse_candidate(text: str) -> Candidate:
 
 
 # --- kernel signatures -------------------------------------------------------------------------------------
-
-
-def strip_comments(source: str) -> str:
-  """Removes // and /* */ comments and blanks string/char literals, keeping line breaks (line numbers hold)."""
-  out, i, n = [], 0, len(source)
-  while i < n:
-    c = source[i]
-    if source.startswith("//", i):
-      j = source.find("\n", i)
-      i = n if j < 0 else j
-    elif source.startswith("/*", i):
-      j = source.find("*/", i + 2)
-      j = n if j < 0 else j + 2
-      out.append("\n" * source.count("\n", i, j) or " ")
-      i = j
-    elif c in "\"'":
-      j = i + 1
-      while j < n and source[j] != c and source[j] != "\n":
-        j += 2 if source[j] == "\\" else 1
-      out.append(c + " " * max(0, min(j, n) - i - 1) + c)
-      i = j + 1
-    else:
-      out.append(c)
-      i += 1
-  return "".join(out)
 
 
 # Pointee types accepted for each tensor dtype (FORMAT.md "args").
@@ -169,131 +195,159 @@ SCALAR_KINDS = {
     "float": "float32", "double": "float64", "bool": "bool",
 }
 
+SCALAR_BYTES = {"int8": 1, "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "float32": 4,
+                "int64": 8, "uint64": 8, "float64": 8}
+
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "__grid_constant__"}
-_IDENT = re.compile(r"[A-Za-z_]\w*")
-_EXTERN_C = re.compile(r'\bextern\s*" "')  # `extern "C"` after strip_comments blanked the literal.
-_DECL_WORDS = re.compile(r"\s*(?:void\b|static\b|inline\b|__noinline__|__forceinline__|"
-                         r"__launch_bounds__\s*\([^()]*\))\s*")
-
-
-def _extern_c_blocks(code: str) -> list[tuple[int, int]]:
-  """Spans of `extern "C" { ... }` blocks."""
-  spans = []
-  for m in re.finditer(r'\bextern\s*" "\s*\{', code):
-    depth, j = 1, m.end()
-    while j < len(code) and depth:
-      depth += {"{": 1, "}": -1}.get(code[j], 0)
-      j += 1
-    spans.append((m.start(), j))
-  return spans
+_DECL_WORDS = {"void", "static", "inline", "__noinline__", "__forceinline__"}
 
 
 def parse_kernels(source: str) -> dict[str, KernelSig]:
   """Parses every `extern "C" __global__ void name(params)` definition into a KernelSig (by name).
 
-  Kernels hidden behind macros are not found; the plan then reports an unknown kernel.
+  Kernels hidden behind macros are not found (the plan then reports an unknown kernel), and a macro the source
+  defines may not appear in a kernel's declaration (it could change the signature the compiler sees; the compiled
+  kernel's real parameter list is checked against the cubin as well, static.py).
 
   Raises:
-    FormatError: a kernel's parameter list cannot be read or uses an unsupported type.
+    FormatError: a directive the format does not allow (preprocess.py), a kernel's parameter list that cannot be
+      read or uses an unsupported type, a macro in a kernel declaration, too many kernels.
   """
-  code = strip_comments(source)
-  typedefs = _typedefs(code)
-  blocks = _extern_c_blocks(code)
+  lexed = cuda_lex.lex(source)
+  try:
+    macros = preprocess.check(lexed)
+  except preprocess.PreprocessorError as e:
+    raise FormatError(str(e)) from e
+  toks = lexed.tokens
+  match = cuda_lex.matching_parens(toks)
+  typedefs = _typedefs(toks)
+  extern_c, in_block = _extern_c(toks)
   kernels: dict[str, KernelSig] = {}
-  for m in re.finditer(r"\b__global__\b", code):
-    pos = m.end()
-    while True:
-      w = _DECL_WORDS.match(code, pos)
-      if not w or w.end() == pos:
-        break
-      pos = w.end()
-    nm = _IDENT.match(code, pos)
-    if not nm:
+  for i, t in enumerate(toks):
+    if t.text != "__global__" or t.kind != "ident":
       continue
-    name = nm.group(0)
-    paren = nm.end() + len(code[nm.end():]) - len(code[nm.end():].lstrip())
-    if paren >= len(code) or code[paren] != "(":
+    decl_start = extern_c[i] if extern_c[i] >= t.stmt and i - extern_c[i] <= _MAX_PREFIX_TOKENS else -1
+    if decl_start < 0 and not in_block[i]:
       continue
-    stmt = code[_statement_start(code, m.start()):m.start()]
-    if not (_EXTERN_C.search(stmt) or any(a <= m.start() < b for a, b in blocks)):
+    j = i + 1
+    skipped = []  # (start, end) token ranges that are not part of the signature (__launch_bounds__ arguments).
+    while j < len(toks) and (toks[j].text in _DECL_WORDS or toks[j].text == "__launch_bounds__"):
+      if toks[j].text == "__launch_bounds__" and j + 1 < len(toks) and toks[j + 1].text == "(":
+        close = match[j + 1]
+        if close < 0:
+          raise FormatError(f"line {toks[j].line}: unbalanced parentheses after __launch_bounds__")
+        skipped.append((j + 1, close + 1))
+        j = close + 1
+      else:
+        j += 1
+    if j + 1 >= len(toks) or toks[j].kind != "ident" or toks[j + 1].text != "(":
       continue
-    close = _matching_paren(code, paren)
+    name, paren = toks[j].text, j + 1
+    close = match[paren]
     if close < 0:
       raise FormatError(f"kernel {name}: unbalanced parentheses in its parameter list")
-    if code[close + 1:].lstrip().startswith(";"):
+    if close - paren > MAX_PARAM_TOKENS:
+      raise FormatError(f"kernel {name}: parameter list too long (more than {MAX_PARAM_TOKENS} tokens)")
+    if close + 1 < len(toks) and toks[close + 1].text == ";":
       continue  # A forward declaration; the definition carries the same signature.
-    line = code.count("\n", 0, m.start()) + 1
-    params = tuple(_parse_param(p, i, name, typedefs) for i, p in enumerate(_split_params(code[paren + 1:close])))
+    _refuse_macros(toks, decl_start if decl_start >= 0 else i, close, skipped, macros, name)
+    params = tuple(_parse_param(p, k, name, typedefs) for k, p in enumerate(_split_params(toks[paren + 1:close])))
     if name in kernels and kernels[name].params != params:
       raise FormatError(f"kernel {name} is defined twice with different parameters")
-    kernels[name] = KernelSig(name=name, params=params, line=line)
-  if len(kernels) > MAX_KERNELS:
-    raise FormatError(f"too many kernels: {len(kernels)} (limit {MAX_KERNELS})")
+    kernels[name] = KernelSig(name=name, params=params, line=t.line)
+    if len(kernels) > MAX_KERNELS:
+      raise FormatError(f"too many kernels: more than {MAX_KERNELS}")
   return kernels
 
 
-def _statement_start(code: str, pos: int) -> int:
-  """Just after the previous ';', '{', '}' or preprocessor line before pos."""
-  k = max(code.rfind(";", 0, pos), code.rfind("}", 0, pos), code.rfind("{", 0, pos))
-  for d in re.finditer(r"^[ \t]*#.*$", code[:pos], flags=re.M):
-    k = max(k, d.end())
-  return k + 1
+def _extern_c(toks) -> tuple[list[int], list[bool]]:
+  """Per token: the index of the latest `extern "C"` (-1 if none), and whether it is inside `extern "C" { }`."""
+  last, latest, inside = -1, [], []
+  stack: list[bool] = []  # One entry per open brace: True for an `extern "C" {`.
+  open_c = 0
+  for i, t in enumerate(toks):
+    if t.text == "extern" and i + 1 < len(toks) and toks[i + 1].text == '"C"':
+      last = i
+    if t.text == "{":
+      is_c = i >= 2 and toks[i - 1].text == '"C"' and toks[i - 2].text == "extern"
+      stack.append(is_c)
+      open_c += is_c
+    elif t.text == "}" and stack:
+      open_c -= stack.pop()
+    latest.append(last)
+    inside.append(open_c > 0)
+  return latest, inside
 
 
-def _matching_paren(code: str, open_pos: int) -> int:
-  depth = 0
-  for j in range(open_pos, len(code)):
-    if code[j] == "(":
-      depth += 1
-    elif code[j] == ")":
-      depth -= 1
-      if depth == 0:
-        return j
-  return -1
+def _refuse_macros(toks, start: int, close: int, skipped, macros: set, kernel: str) -> None:
+  if not macros:
+    return
+  k = start
+  while k <= close:
+    span = next((s for s in skipped if s[0] == k), None)
+    if span:
+      k = span[1]
+      continue
+    if toks[k].kind == "ident" and toks[k].text in macros:
+      raise FormatError(f"line {toks[k].line}: kernel {kernel}'s declaration uses the macro '{toks[k].text}'; write "
+                        f"extern \"C\" kernel signatures without macros")
+    k += 1
 
 
-def _split_params(text: str) -> list[str]:
+def _split_params(toks) -> list[list]:
   parts, depth, cur = [], 0, []
-  for ch in text:
-    if ch in "(<[":
+  for t in toks:
+    if t.text in ("(", "<", "["):
       depth += 1
-    elif ch in ")>]":
+    elif t.text in (")", ">", "]"):
       depth -= 1
-    if ch == "," and depth == 0:
-      parts.append("".join(cur))
+    if t.text == "," and depth == 0:
+      parts.append(cur)
       cur = []
     else:
-      cur.append(ch)
-  parts.append("".join(cur))
-  parts = [p.strip() for p in parts]
-  if parts == [""] or parts == ["void"]:
+      cur.append(t)
+  parts.append(cur)
+  if len(parts) == 1 and (not parts[0] or [t.text for t in parts[0]] == ["void"]):
     return []
   return parts
 
 
-def _typedefs(code: str) -> dict[str, str]:
+def _typedefs(toks) -> dict[str, str]:
   """Simple `typedef T name;` and `using name = T;` aliases of builtin types (to resolve `real*`)."""
   out = {}
-  for m in re.finditer(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;", code):
-    out[m.group(2)] = " ".join(m.group(1).split())
-  for m in re.finditer(r"\busing\s+(\w+)\s*=\s*([\w\s]+?)\s*;", code):
-    out[m.group(1)] = " ".join(m.group(2).split())
+  for i, t in enumerate(toks):
+    if t.text not in ("typedef", "using"):
+      continue
+    body = []
+    for u in toks[i + 1:i + 18]:
+      if u.text == ";":
+        break
+      body.append(u)
+    else:
+      continue
+    words = [u.text for u in body if u.text not in ("::", ":")]
+    if t.text == "typedef" and len(words) >= 2 and all(w == "*" or re.fullmatch(r"\w+", w) for w in words):
+      out[words[-1]] = " ".join(words[:-1]).replace(" *", "*")
+    elif t.text == "using" and len(words) >= 3 and words[1] == "=" and re.fullmatch(r"\w+", words[0]):
+      if all(w == "*" or re.fullmatch(r"\w+", w) for w in words[2:]):
+        out[words[0]] = " ".join(words[2:]).replace(" *", "*")
   return out
 
 
-def _parse_param(text: str, index: int, kernel: str, typedefs: dict[str, str]) -> Param:
-  where = f"kernel {kernel}, parameter {index + 1} ('{' '.join(text.split())}')"
-  if "&" in text:
+def _parse_param(toks, index: int, kernel: str, typedefs: dict[str, str]) -> Param:
+  texts = [t.text for t in toks]
+  where = f"kernel {kernel}, parameter {index + 1} ('{' '.join(texts)}')"
+  if "&" in texts:
     raise FormatError(f"{where}: reference parameters are not supported; pass a pointer or a value")
-  if "=" in text:
+  if "=" in texts:
     raise FormatError(f"{where}: default arguments are not supported")
-  is_array = bool(re.search(r"\[\s*\]\s*$", text))
-  text = re.sub(r"\[\s*\]\s*$", "", text)
-  stars = text.count("*") + int(is_array)
-  tokens = re.findall(r"[A-Za-z_]\w*|::", text.replace("*", " "))
-  tokens = [t for t in tokens if t not in ("::", "std", "cuda")]
-  const_ptr = "const" in text.split("*")[0] if stars else False
-  words = [t for t in tokens if t not in _QUALIFIERS and not t.startswith("__align")]
+  is_array = texts[-2:] == ["[", "]"]
+  if is_array:
+    texts = texts[:-2]
+  stars = texts.count("*") + int(is_array)
+  const_ptr = "const" in texts[:texts.index("*")] if "*" in texts else ("const" in texts if is_array else False)
+  idents = [w for w in texts if re.fullmatch(r"[A-Za-z_]\w*", w) and w not in ("std", "cuda")]
+  words = [w for w in idents if w not in _QUALIFIERS and not w.startswith("__align")]
   # The last word is the parameter name unless the declaration is unnamed (`float*`).
   name = f"arg{index}"
   type_words = words

@@ -3,14 +3,14 @@
 Options are fixed by the evaluator (the candidate chooses none): an explicit `-arch=sm_XX` cubin (the device's
 exact arch; sm_90 for compile-only), C++17, `--device-as-default-execution-space`, warnings off (the feedback shows
 errors only), a pre-included prelude with the fixed-width integer types, and include paths for the CUDA runtime
-headers, CCCL (cub / libcu++) and a small shim directory mapping <cstdint>, <cmath>, ... to `cuda/std`.
-NVRTC's automatic precompiled headers (`--pch`, NVRTC >= 12.8) cut header-heavy compiles (cooperative_groups,
-cub) from ~1.5 s to ~0.2 s inside a long-lived compile worker.
+headers, CCCL (cub / libcu++) and a small shim directory mapping <cstdint>, <cmath>, ... to `cuda/std`; NVRTC's
+automatic precompiled headers (`--pch`, NVRTC >= 12.8) in long-lived compile workers. Which headers a candidate may
+name is preprocess.py's rule; the log returned here keeps diagnostics of the candidate's own file and the public
+headers only (`clean_log`), so no other file's text can reach the feedback.
 
 NVRTC is reached through CuPy's low-level bindings (`cupy_backends.cuda.libs.nvrtc`, present in cupy-cuda12x and
 cupy-cuda13x) or, failing that, `cuda.bindings.nvrtc`. Results are cached in memory and on disk, keyed by source,
-options, NVRTC version and the shim headers. Also here: a tiny ELF reader for the cubin (kernel entries, undefined
-symbols such as `vprintf`/`malloc`, static `__device__` and shared memory sizes).
+options, NVRTC version and the shim headers. The cubin itself is read by cubin.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import struct
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ PROGRAM_NAME = "kernel.cu"
 DEFAULT_ARCH = "sm_90"
 MAX_LOG_CHARS = 8000  # Cleaned log kept in the result record; feedback truncates further.
 _MEMORY_CACHE_ENTRIES = 256
+_CACHE_VERSION = 2  # Part of the cache key: entries written by an older log cleaner are not served.
 
 
 @dataclasses.dataclass
@@ -231,13 +231,39 @@ def nvrtc_options(arch: str = DEFAULT_ARCH, use_pch: bool = True) -> list[str]:
 # --- log cleaning ----------------------------------------------------------------------------------------
 
 _PCH_LINE = re.compile(r"precompiled header|^Remark: The warnings can be suppressed|^\s*$")
+_DIAGNOSTIC = re.compile(r"(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?:catastrophic error|error|warning|remark)")
+OMITTED = "(diagnostics in a file outside the candidate's code and the public headers were omitted)"
+
+
+def _own_text_only(log: str, dirs) -> str:
+  """Keeps the diagnostics of PROGRAM_NAME and of headers under `dirs`; drops every other file's diagnostics and
+  the source lines NVRTC quotes from headers, so the feedback never shows text that is not the candidate's own."""
+  out, keep, own, omitted = [], True, True, False
+  for line in log.splitlines():
+    m = _DIAGNOSTIC.match(line)
+    if m:
+      path = m.group("file")
+      own = path == PROGRAM_NAME
+      keep = own or any(path.startswith(d.rstrip("/") + "/") for d in dirs)
+      omitted |= not keep
+      if keep:
+        out.append(line)
+    elif not line.startswith((" ", "\t")):
+      keep, own = True, True  # A summary line ("N errors detected in the compilation of ...").
+      out.append(line)
+    elif keep and (own or PROGRAM_NAME in line):
+      out.append(line)  # Context: the candidate's own quoted line, or "... at line N of kernel.cu".
+  if omitted:
+    out.append(OMITTED)
+  return "\n".join(out)
 
 
 def clean_log(log: str, max_chars: int = MAX_LOG_CHARS) -> str:
-  """Drops PCH chatter, strips directories from header paths, and truncates."""
+  """Keeps the candidate's own diagnostics (see `_own_text_only`), drops PCH chatter, strips directories from header
+  paths, and truncates."""
   dirs = sorted(include_dirs(), key=len, reverse=True)
   out = []
-  for line in log.splitlines():
+  for line in _own_text_only(log, dirs).splitlines():
     if _PCH_LINE.search(line) and "error" not in line:
       continue
     for d in dirs:
@@ -286,7 +312,7 @@ def compile_cuda(source: str, arch: str = DEFAULT_ARCH, *, cache_dir: str | None
   except Exception as e:  # pylint: disable=broad-except  # Missing NVRTC/headers: report, don't raise.
     return CompileResult(False, b"", f"evaluator setup error: {e}", time.perf_counter() - t0)
   key_opts = [o for o in options if not o.startswith(("-I", "--pch"))]
-  key = hashlib.sha256(json.dumps([source, key_opts, list(version), _shim_digest(),
+  key = hashlib.sha256(json.dumps([_CACHE_VERSION, source, key_opts, list(version), _shim_digest(),
                                    [_header_major(d) for d in include_dirs()]]).encode()).hexdigest()
   hit = _memory_cache.get(key) or _disk_get(cache_dir, key)
   if hit is not None:
@@ -358,50 +384,3 @@ def _disk_put(cache_dir, key, res: CompileResult) -> None:
     os.replace(tmp, path + ".json")
   except OSError:
     pass  # The cache is an optimisation; a read-only home must not fail evaluations.
-
-
-# --- cubin inspection ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CubinInfo:
-  kernels: tuple[str, ...]  # Entry functions (STO_CUDA_ENTRY).
-  undefined: tuple[str, ...]  # External functions the code calls (vprintf, malloc, free, ...).
-  global_bytes: int  # Static __device__ memory (.nv.global + .nv.global.init).
-  shared_bytes: dict  # Kernel -> static shared memory section size.
-
-
-def cubin_info(cubin: bytes) -> CubinInfo:
-  """Reads the symbol table and section sizes of a 64-bit little-endian ELF cubin.
-
-  Raises:
-    ValueError: not an ELF64 cubin.
-  """
-  if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
-    raise ValueError("not a 64-bit little-endian ELF cubin")
-  shoff, = struct.unpack_from("<Q", cubin, 0x28)
-  shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-  secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-
-  def cstr(off):
-    end = cubin.index(b"\0", off)
-    return cubin[off:end].decode(errors="replace")
-
-  names = [cstr(secs[shstrndx][4] + s[0]) for s in secs]
-  kernels, undefined = [], []
-  for s in secs:
-    if s[1] != 2:  # SHT_SYMTAB
-      continue
-    strtab = secs[s[6]][4]
-    for j in range(s[5] // 24):
-      st_name, st_info, st_other, st_shndx, _, _ = struct.unpack_from("<IBBHQQ", cubin, s[4] + j * 24)
-      name = cstr(strtab + st_name)
-      if st_info & 0xF == 2 and st_other & 0x10 and st_shndx:
-        kernels.append(name)
-      elif st_shndx == 0 and name and st_info >> 4 == 1:
-        undefined.append(name)
-  size = {n: s[5] for n, s in zip(names, secs)}
-  shared = {n[len(".nv.shared."):]: v for n, v in size.items() if n.startswith(".nv.shared.")
-            and not n.startswith(".nv.shared.reserved")}
-  return CubinInfo(kernels=tuple(kernels), undefined=tuple(sorted(set(undefined))),
-                   global_bytes=size.get(".nv.global", 0) + size.get(".nv.global.init", 0), shared_bytes=shared)

@@ -3,14 +3,17 @@
   python -m kevin_jax.kernels.evaluate --task TASK.py --candidate FILE [--json] [--compile-only]
   python -m kevin_jax.kernels.evaluate --source KernelBench/KernelBench --task-id level1/19_ReLU --candidate FILE
 
---compile-only parses, validates the plan against the task's shapes and compiles with NVRTC in this process
-(no GPU needed); otherwise the full evaluation runs in sandboxed GPU workers. Prints one result (--json: the
+--compile-only parses, validates the plan against the task's shapes and compiles with NVRTC in a sandboxed compile
+worker (no GPU needed; the same deadline, address-space cap and memory budget as the evaluator's); otherwise the full
+evaluation runs in sandboxed GPU workers. The candidate file is read as UTF-8 bytes without newline translation, so
+the CLI and the API see the same text (normalised by candidate.normalize_text). Prints one result (--json: the
 EvalResult record) and exits 0 when the candidate is correct (or compiled, with --compile-only), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -32,6 +35,9 @@ def _parse(argv):
   ap.add_argument("--timing-runs", type=int, default=None, help="timed launches per side (default 100)")
   ap.add_argument("--gpus", default="", help="GPU ids for workers (default: all visible)")
   ap.add_argument("--cache-dir", default="", help="compile cache and worker logs (default ~/.cache/kevin_jax)")
+  ap.add_argument("--compile-timeout-s", type=float, default=None, help="compile deadline (default 60)")
+  ap.add_argument("--eval-timeout-s", type=float, default=None,
+                  help="wall deadline of one evaluation: compile, correctness and timing (default 120)")
   ap.add_argument("-v", "--verbose", action="store_true")
   args = ap.parse_args(argv)
   if bool(args.task) == bool(args.source):
@@ -41,35 +47,35 @@ def _parse(argv):
   return args
 
 
-def _static(spec: tasks.TaskSpec, text: str, arch: str, cache_dir: str) -> EvalResult:
-  from kevin_jax.kernels import static  # pylint: disable=g-import-not-at-top
-  out = static.static_check({"task_id": spec.id, "task_path": spec.path, "text": text, "arch": arch or None,
-                             "cache_dir": cache_dir or None})
-  status = STATIC_OK if out["status"] == "ok" else out["status"]
-  r = EvalResult(task_id=spec.id, status=status, error=out.get("error", ""), flags=out.get("flags", []),
-                 details=out.get("details", {}), times=out.get("times", {}))
-  return finalize(r)
+def _read(path: str) -> str | EvalResult:
+  raw = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    return EvalResult(task_id="", status="format_error", error=f"the candidate is not UTF-8 text (byte {e.start})")
 
 
 def main(argv=None) -> int:
   args = _parse(argv)
   logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-  text = sys.stdin.read() if args.candidate == "-" else open(args.candidate, encoding="utf-8").read()
   source = args.task or args.source
   specs = {s.id: s for s in tasks.discover(source)}
   task_id = args.task_id or next(iter(specs))
   if task_id not in specs:
     print(f"unknown task id {task_id!r} in {source}", file=sys.stderr)
     return 2
-  if args.compile_only:
-    r = _static(specs[task_id], text, args.arch, args.cache_dir)
+  text = _read(args.candidate)
+  from kevin_jax.kernels.evaluator import Evaluator, EvaluatorConfig  # pylint: disable=g-import-not-at-top
+  kw = dict(gpus=args.gpus, cache_dir=args.cache_dir, compile_workers=1, spare_workers=False, arch=args.arch)
+  for name in ("trials", "timing_runs", "compile_timeout_s", "eval_timeout_s"):
+    if getattr(args, name) is not None:
+      kw["correctness_trials" if name == "trials" else name] = getattr(args, name)
+  if isinstance(text, EvalResult):
+    r = finalize(dataclasses.replace(text, task_id=task_id))
+  elif args.compile_only:
+    with Evaluator(EvaluatorConfig(**kw), task_source=source, gpu=False) as ev:
+      r = ev.check_static(task_id, text)
   else:
-    from kevin_jax.kernels.evaluator import Evaluator, EvaluatorConfig  # pylint: disable=g-import-not-at-top
-    kw = dict(gpus=args.gpus, cache_dir=args.cache_dir, compile_workers=1, spare_workers=False, arch=args.arch)
-    if args.trials is not None:
-      kw["correctness_trials"] = args.trials
-    if args.timing_runs is not None:
-      kw["timing_runs"] = args.timing_runs
     with Evaluator(EvaluatorConfig(**kw), task_source=source) as ev:
       try:
         r = ev.evaluate([(task_id, text)])[0]

@@ -54,6 +54,7 @@ class EvaluatorConfig:
   excessive_speedup: float = 10.0
   compile_timeout_s: float = 60.0
   run_timeout_s: float = 60.0
+  eval_timeout_s: float = 120.0
   task_timeout_s: float = 300.0
   kernel_timeout_s: float = 5.0
   worker_start_timeout_s: float = 300.0
@@ -72,6 +73,8 @@ class EvaluatorConfig:
   seed: int = -1
   nvrtc_pch: bool = True
   max_static_device_bytes: int = 256 * 2**20
+  max_local_memory_bytes: int = 4 * 2**30
+  compile_memory_gb: float = 32.0
   spare_workers: bool = True
   dedupe: bool = True
   result_cache: int = 0  # Results kept for identical (task, candidate) pairs of later batches (LRU entries); 0 = off.
@@ -87,6 +90,8 @@ class EvaluatorConfig:
       raise ValueError(f"result_cache must be >= 0 (entries; 0 = off), got {self.result_cache}")
     if self.correctness_trials < 1:
       raise ValueError("correctness_trials must be >= 1")
+    if self.eval_timeout_s <= 0:
+      raise ValueError(f"eval_timeout_s must be > 0 seconds, got {self.eval_timeout_s}")
     if self.timing_max_s < 0 or self.timing_min_runs < 1:
       raise ValueError(f"timing_max_s must be >= 0 and timing_min_runs >= 1, got {self.timing_max_s} and "
                        f"{self.timing_min_runs}")
@@ -108,7 +113,8 @@ class EvaluatorConfig:
   def worker_settings(self) -> dict:
     keys = ("correctness_trials", "timing_runs", "timing_max_s", "timing_min_runs", "warmup_runs", "atol", "rtol",
             "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
-            "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed")
+            "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
+            "max_local_memory_bytes", "max_static_device_bytes")
     return {k: getattr(self, k) for k in keys}
 
 
@@ -122,6 +128,7 @@ class _Work:
   submitted: float
   static: dict | None = None
   retries: int = 0
+  static_retries: int = 0
   times: dict = dataclasses.field(default_factory=dict)
   result: EvalResult | None = None
 
@@ -130,14 +137,15 @@ class Evaluator:
   """Evaluates candidates in sandboxed worker processes (see module docstring)."""
 
   def __init__(self, cfg: EvaluatorConfig | Mapping | None = None, task_source: str = "bundled", *,
-               levels=None, _gpu_role: str = "gpu", _gpu_slots: int | None = None):
+               levels=None, gpu: bool = True, _gpu_role: str = "gpu", _gpu_slots: int | None = None):
+    """`gpu=False` starts the compile pool only (check_static); `evaluate` then raises."""
     if cfg is None:
       cfg = EvaluatorConfig()
     elif not isinstance(cfg, EvaluatorConfig):
       cfg = EvaluatorConfig.from_config(cfg)
     self.cfg = cfg
     self.specs = {s.id: s for s in tasks.discover(task_source, levels)}
-    self.cache_dir = cfg.cache_dir or default_cache_dir()
+    self.cache_dir = os.path.abspath(cfg.cache_dir or default_cache_dir())
     self.log_dir = os.path.join(self.cache_dir, "logs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     os.makedirs(self.log_dir, exist_ok=True)
     mem = int(cfg.worker_host_memory_gb * 2**30)
@@ -145,8 +153,11 @@ class Evaluator:
     # Compile workers get an address-space cap (they import torch for shape analysis: at least 8 GiB).
     self._compile = Pool("compile", [worker_env(None, 1) for _ in range(n_compile)], {}, self.log_dir,
                          as_bytes=max(mem, 8 * 2**30) if mem else 0, recycle_after=max(500, 20 * cfg.recycle_after),
-                         start_timeout_s=cfg.worker_start_timeout_s)
-    if _gpu_role == "gpu":
+                         start_timeout_s=cfg.worker_start_timeout_s,
+                         memory_budget_bytes=int(cfg.compile_memory_gb * 2**30))
+    if not gpu:
+      envs = []
+    elif _gpu_role == "gpu":
       gpus = visible_gpus(cfg.gpus)
       envs = [worker_env(g, 4) for g in gpus for _ in range(cfg.workers_per_gpu)]
     else:
@@ -269,22 +280,30 @@ class Evaluator:
   def _submit_static(self, w: _Work, gpu_follows: bool = True) -> None:
     del gpu_follows
     arch, limits = self._arch_and_limits()
-    payload = {"task_id": w.task_id, "task_path": w.spec.path, "text": w.text, "arch": arch, "limits": limits,
+    payload = {"task_id": w.task_id, "task_path": os.path.abspath(w.spec.path), "text": w.text, "arch": arch,
+               "limits": limits,
                "cache_dir": self.cache_dir, "use_pch": self.cfg.nvrtc_pch,
                "max_static_device_bytes": self.cfg.max_static_device_bytes,
+               "max_local_memory_bytes": self.cfg.max_local_memory_bytes,
                "task_info": self._task_infos.get(w.task_id)}  # Shapes are analysed once per task.
-    self._compile.submit(Job(key=w, payload=payload, timeouts={"": self.cfg.compile_timeout_s},
-                             affinity=w.task_id))
+    limit = min(self.cfg.compile_timeout_s, self.cfg.eval_timeout_s)
+    self._compile.submit(Job(key=w, payload=payload, timeouts={"": limit}, affinity=w.task_id))
 
   def _submit_gpu(self, w: _Work) -> None:
     ref_key = self._ref_key(w)
     cached = self._ref_cache.get(ref_key) if ref_key else None
-    payload = {"eval_id": w.eval_id, "task_id": w.task_id, "task_path": w.spec.path, "text": w.text,
-               "cubin": w.static["cubin"], "unsafe_dists": sorted(self._unsafe.get(w.task_id, ())),
-               "ref_time_ms": (statistics.median(cached) if cached and self.cfg.ref_timing == "cached" else None)}
     c = self.cfg
+    # The evaluation's wall budget: compile, then (after the task is loaded) validation, correctness and timing.
+    static_s = sum(w.static.get("times", {}).get(k, 0.0) for k in ("validate", "compile"))
+    budget = max(1.0, c.eval_timeout_s - static_s)
+    payload = {"eval_id": w.eval_id, "task_id": w.task_id, "task_path": os.path.abspath(w.spec.path), "text": w.text,
+               "cubin": w.static["cubin"], "unsafe_dists": sorted(self._unsafe.get(w.task_id, ())),
+               "ref_time_ms": (statistics.median(cached) if cached and c.ref_timing == "cached" else None),
+               "budget_s": budget}
     timeouts = {"": c.run_timeout_s, "sent": c.task_timeout_s, "load": c.task_timeout_s}
-    self._gpu.submit(Job(key=w, payload=payload, timeouts=timeouts, affinity=w.task_id))
+    # The supervisor's backstop comes a little after the worker's own deadline, which answers with a clean result.
+    self._gpu.submit(Job(key=w, payload=payload, timeouts=timeouts, affinity=w.task_id, budget=budget + 10.0,
+                         excluded=("sent", "load")))
 
   def _on_event(self, w: _Work, ev, static_only: bool = False) -> bool:
     """Handles one supervisor event for a work item; True when the item is finished."""
@@ -329,10 +348,18 @@ class Evaluator:
     phase = job.phase
     if stage == "static":
       if ev.kind == "timeout":
-        self._finish(w, "compile_error", f"compilation did not finish within {self.cfg.compile_timeout_s:.0f} s")
+        limit = min(self.cfg.compile_timeout_s, self.cfg.eval_timeout_s)
+        self._finish(w, "compile_error", f"compilation did not finish within {limit:.0f} s", flags=["compile_timeout"])
+      elif ev.kind == "memory":
+        self._finish(w, "compile_error", "compilation used more host memory than the compile workers' budget",
+                     flags=["compile_memory"], details={"worker": ev.info})
+      elif w.static_retries < 1:  # One retry: a compiler that dies twice on the same code died of that code.
+        w.static_retries += 1
+        self._submit_static(w)
+        return False
       else:
-        self._finish(w, "runtime_error", f"evaluator error: the compile worker died ({ev.info.splitlines()[0]})",
-                     flags=["evaluator_error"], details={"worker": ev.info})
+        self._finish(w, "compile_error", "the compiler process died while compiling this code",
+                     flags=["compiler_crash"], details={"worker": ev.info})
       return True
     if phase.startswith("reference:") and phase != "reference:task" and w.retries < 2:
       dist = phase.split(":", 1)[1]
@@ -352,8 +379,9 @@ class Evaluator:
                    flags=["evaluator_error"], details={"worker": ev.info})
       return True
     if ev.kind == "timeout":
+      flag = "eval_deadline" if job.deadline_kind == "budget" else "hang"
       self._finish(w, "timeout", f"the kernels did not finish: {ev.info}; the worker was restarted",
-                   flags=["hang"], details={"phases": job.phases})
+                   flags=[flag], details={"phases": job.phases})
     else:
       first = ev.info.splitlines()[0]
       self._finish(w, "runtime_error", f"the GPU worker crashed while running your kernels ({first})",
@@ -375,9 +403,8 @@ class Evaluator:
   # --- result cache (cfg.result_cache) ------------------------------------------------------------------------
   # An identical (task, candidate) pair is the same program on the same task: a later batch gets the earlier
   # result (a copy flagged "cached", timings emptied so GPU-work metrics count it once) instead of another GPU run.
-  # In RL a memorising policy writes the same kernels on every visit of a task, and most of the evaluator's GPU
-  # time is re-timing them (BENCHMARKS.md, "Embedded default job"). Results the candidate may not deserve
-  # (evaluator errors, timeouts: a hang can be the machine's) are never kept.
+  # Evidence: BENCHMARKS.md, "Embedded default job". Results the candidate may not deserve (evaluator errors,
+  # timeouts: a hang can be the machine's) are never kept.
 
   def _cached(self, key: tuple[str, str]) -> EvalResult | None:
     r = self._results.get(key)

@@ -2,8 +2,9 @@
 
 It behaves like a GPU worker that evaluates instantly, except when the candidate's CUDA source contains a
 `FAKE:<action>` marker: exit (os._exit), segv (a real segmentation fault), hang (sleep forever in a phase),
-hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, raise, alloc=<MiB>
-(grow host memory), fatal (report a sticky error), incorrect.
+hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, phases=<n> (enter a new
+phase every 0.5 s, n times: no phase stalls, the whole run is long), raise, alloc=<MiB> (grow host memory), fatal
+(report a sticky error), incorrect.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class FakeHandler:
       time.sleep(3600)
     if action == "sleep":
       time.sleep(float(arg))
+    if action == "phases":
+      for k in range(int(float(arg))):
+        report(f"candidate:{k}")
+        time.sleep(0.5)
     if action == "raise":
       raise RuntimeError("fake failure inside the worker")
     if action == "alloc":

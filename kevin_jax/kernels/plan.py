@@ -29,7 +29,8 @@ _INT_RANGE = {"int8": (-2**7, 2**7 - 1), "uint8": (0, 2**8 - 1), "int16": (-2**1
               "uint16": (0, 2**16 - 1), "int32": (-2**31, 2**31 - 1), "uint32": (0, 2**32 - 1),
               "int64": (-2**63, 2**63 - 1), "uint64": (0, 2**64 - 1)}
 _MAX_ABS_INT = 2**63  # Any intermediate integer beyond int64 is an error (sizes never get there).
-MAX_EXPR_DEPTH = 64
+MAX_EXPR_DEPTH = 64  # Nesting of parentheses / calls, and signs in a row.
+MAX_EXPR_NODES = 256  # Expression terms in one statement (bounds the evaluator's recursion).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Limits:
   max_scratch: int = 8
   max_scratch_bytes: int = 8 * 2**30  # All scratch buffers together.
   max_statements_lines: int = 200
+  max_resident_threads: int = 132 * 2048  # SMs x threads per SM: what per-thread local memory is reserved for.
 
 
 class PlanError(FormatError):
@@ -100,7 +102,7 @@ class _Parser:
   """Recursive-descent parser over one statement's tokens."""
 
   def __init__(self, toks, line):
-    self.toks, self.i, self.line, self.depth = toks, 0, line, 0
+    self.toks, self.i, self.line, self.depth, self.nodes = toks, 0, line, 0, 0
 
   def err(self, msg):
     return PlanError(f"plan line {self.line}: {msg}")
@@ -128,7 +130,7 @@ class _Parser:
     node = self.term()
     while self.peek()[1] in ("+", "-"):
       op = self.take()[1]
-      node = ("bin", op, node, self.term())
+      node = self.node("bin", op, node, self.term())
     self.depth -= 1
     return node
 
@@ -136,21 +138,32 @@ class _Parser:
     node = self.unary()
     while self.peek()[1] in ("*", "/", "//", "%"):
       op = self.take()[1]
-      node = ("bin", op, node, self.unary())
+      node = self.node("bin", op, node, self.unary())
     return node
 
   def unary(self):
-    if self.peek()[1] in ("-", "+"):
-      op = self.take()[1]
-      inner = self.unary()
-      return ("neg", inner) if op == "-" else inner
-    return self.atom()
+    """Leading signs are folded in a loop (no recursion: `- - - ... x` of any length parses in linear time)."""
+    negate, signs = False, 0
+    while self.peek()[1] in ("-", "+"):
+      negate ^= self.take()[1] == "-"
+      signs += 1
+      if signs > MAX_EXPR_DEPTH:
+        raise self.err(f"more than {MAX_EXPR_DEPTH} signs in a row")
+    node = self.atom()
+    return self.node("neg", node) if negate else node
+
+  def node(self, *parts):
+    """Builds an AST node, counting them: a statement's size (and so evaluation depth) is bounded."""
+    self.nodes += 1
+    if self.nodes > MAX_EXPR_NODES:
+      raise self.err(f"statement too complex (more than {MAX_EXPR_NODES} expression terms)")
+    return parts
 
   def atom(self):
     kind, val = self.peek()
     if kind == "num":
       self.i += 1
-      return ("num", _number(val, self))
+      return self.node("num", _number(val, self))
     if val == "(":
       self.take("(")
       node = self.expr()
@@ -168,7 +181,7 @@ class _Parser:
         fname = "cdiv" if val == "ceil_div" else val
         if fname == "cdiv" and len(args) != 2:
           raise self.err(f"cdiv takes 2 arguments, got {len(args)}")
-        return ("call", fname, tuple(args))
+        return self.node("call", fname, tuple(args))
       return self.reference(val)
     got = repr(val) if kind != "end" else "end of line"
     raise self.err(f"expected a number, name or '(', got {got}")
@@ -185,12 +198,12 @@ class _Parser:
         self.take("(")
         idx = self.expr()
         self.take(")")
-      return ("shape", base, idx)
+      return self.node("shape", base, idx)
     if len(parts) >= 2 and parts[-1] in ("numel", "ndim", "dim"):
       if self.peek()[1] == "(" and self.peek(1)[1] == ")":
         self.i += 2
-      return ("numel" if parts[-1] == "numel" else "ndim", ".".join(parts[:-1]))
-    return ("name", path)
+      return self.node("numel" if parts[-1] == "numel" else "ndim", ".".join(parts[:-1]))
+    return self.node("name", path)
 
   def tuple_value(self):
     """`(e, e, ...)` (trailing comma allowed, may be empty) or one bare expression."""

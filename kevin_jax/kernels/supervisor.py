@@ -1,10 +1,11 @@
 """Supervised worker processes: pools of GPU and compile workers, per-phase deadlines, kill and replace.
 
 The supervisor (this module, inside the Evaluator's process) never touches CUDA. Each worker is
-`python -m kevin_jax.kernels.worker_main` started with `subprocess` in its own session (so its whole process group
-can be killed), with CUDA_VISIBLE_DEVICES chosen per slot, core dumps off, and for CPU-only roles an address-space
-limit. GPU workers get a host-memory watchdog instead (CUDA needs huge virtual ranges). A worker that crashes
-(segfault, sticky CUDA error, os._exit), overruns its phase deadline or its memory limit is killed and replaced
+`python -m kevin_jax.kernels.worker_main` started with `subprocess` as the leader of a new process group (setsid,
+so the whole group can be killed with SIGKILL), with CUDA_VISIBLE_DEVICES chosen per slot, core dumps off, and for
+CPU-only roles an address-space limit. GPU workers get a host-memory watchdog instead (CUDA needs huge virtual
+ranges); a pool can also have a memory budget for all its workers together. A worker that crashes (segfault, sticky
+CUDA error, os._exit), overruns its phase deadline, its job's wall budget or a memory limit is killed and replaced
 (by a pre-started spare when available); the job in flight becomes an event the caller turns into a result.
 Workers are recycled after `recycle_after` jobs.
 """
@@ -34,27 +35,51 @@ START_FAILURES_BEFORE_BROKEN = 3
 
 @dataclasses.dataclass
 class Job:
-  """A unit of work for one worker. `timeouts` maps a phase name (before ':') to seconds; '' is the default."""
+  """A unit of work for one worker.
+
+  `timeouts` maps a phase name (before ':') to seconds ('' is the default): a phase that makes no progress for that
+  long is killed. `budget` bounds the job's whole run (seconds, wall clock) except the time spent in the `excluded`
+  phases (the evaluator's own work, e.g. loading a task): past it the job is killed whatever its phase.
+  """
   key: Any
   payload: dict
   timeouts: dict
   affinity: Any = None
+  budget: float = math.inf
+  excluded: tuple = ()
   phase: str = "queued"
   phases: list = dataclasses.field(default_factory=list)  # (phase, seconds since the job started)
   submitted: float = dataclasses.field(default_factory=time.monotonic)
   started: float = 0.0
   deadline: float = math.inf
+  deadline_kind: str = "phase"  # Which limit `deadline` is: 'phase' or 'budget'.
+  paused: float = 0.0  # Seconds spent in excluded phases.
+  _paused_since: float | None = None
 
   def enter(self, phase: str, now: float) -> None:
+    if self._paused_since is not None:
+      self.paused += now - self._paused_since
+      self._paused_since = None
     self.phase = phase
     self.phases.append((phase, round(now - self.started, 4)))
     limit = self.timeouts.get(phase.split(":")[0], self.timeouts.get("", math.inf))
-    self.deadline = now + limit
+    self.deadline, self.deadline_kind = now + limit, "phase"
+    if phase.split(":")[0] in self.excluded:
+      self._paused_since = now
+    elif self.started + self.paused + self.budget < self.deadline:
+      self.deadline, self.deadline_kind = self.started + self.paused + self.budget, "budget"
+
+  def timeout_info(self) -> str:
+    if self.deadline_kind == "budget":
+      return f"the evaluation did not finish within its {self.budget:.0f} s budget (in phase '{self.phase}')"
+    limit = self.timeouts.get(self.phase.split(":")[0], self.timeouts.get(""))
+    return f"no progress within {limit:.0f} s in phase '{self.phase}'"
 
 
 @dataclasses.dataclass
 class Event:
-  """What happened to a job: 'result' (result dict), 'crash', 'timeout' or 'start_failed' (info text)."""
+  """What happened to a job: 'result' (result dict), 'crash', 'timeout', 'memory' (killed for the pool's memory
+  budget) or 'start_failed' (info text)."""
   kind: str
   job: Job
   result: dict | None = None
@@ -76,6 +101,7 @@ class WorkerProc:
     self.conn: Connection | None = None
     self.start_deadline = math.inf
     self.kill_deadline = math.inf
+    self.baseline_rss = 0  # Resident memory when the worker reported ready.
 
   def start(self, start_timeout_s: float) -> None:
     parent, child = socket.socketpair()
@@ -173,10 +199,13 @@ class Pool:
 
   def __init__(self, role: str, slot_envs: list[dict], settings: dict, log_dir: str, *, as_bytes: int = 0,
                recycle_after: int = 0, start_timeout_s: float = 300.0, memory_limit_bytes: int = 0,
-               spares: bool = False):
+               spares: bool = False, memory_budget_bytes: int = 0):
+    """`memory_limit_bytes` caps one busy worker's resident memory; `memory_budget_bytes` caps what all workers of
+    the pool together hold beyond their size when they became ready (the busy worker that grew most is killed)."""
     self.role, self.settings, self.log_dir = role, settings, log_dir
     self.as_bytes, self.recycle_after, self.start_timeout_s = as_bytes, recycle_after, start_timeout_s
     self.memory_limit_bytes, self.spares = memory_limit_bytes, spares
+    self.memory_budget_bytes = memory_budget_bytes
     self.slots = [Slot(index=i, env=env) for i, env in enumerate(slot_envs)]
     self.queue: collections.deque[Job] = collections.deque()
     self.retiring: list[WorkerProc] = []
@@ -287,6 +316,7 @@ class Pool:
       kind = msg[0]
       if kind == "ready":
         w.describe, w.state = msg[1], "ready"
+        w.baseline_rss = w.rss_bytes()
         if slot is not None:
           slot.start_failures = 0
       elif kind == "failed":
@@ -351,24 +381,25 @@ class Pool:
   def check(self, now: float) -> list[Event]:
     """Deadlines (jobs, starts, retirements), the memory watchdog, and spare workers."""
     events = []
-    watch = self.memory_limit_bytes and now - self._last_watch > 0.5
+    watch = (self.memory_limit_bytes or self.memory_budget_bytes) and now - self._last_watch > 0.5
     if watch:
       self._last_watch = now
+      if self.memory_budget_bytes:
+        events += self._enforce_budget()
     for slot in self.slots:
       for w in (slot.worker, slot.spare):
         if w is None:
           continue
         if w.state == "busy" and now > w.job.deadline:
           job = w.job
-          limit = job.timeouts.get(job.phase.split(":")[0], job.timeouts.get(""))
-          info = f"no progress within {limit:.0f} s in phase '{job.phase}'"
+          info = job.timeout_info()
           log.warning("killing %s worker %s: %s (task %s; phases so far: %s)", self.role, w.name, info,
                       job.affinity, job.phases[-6:])
           w.job = None
           w.state = "killed"
           events.append(Event("timeout", job, info=info))
           self._on_death(slot, w)
-        elif w.state == "busy" and watch and w.rss_bytes() > self.memory_limit_bytes:
+        elif w.state == "busy" and watch and self.memory_limit_bytes and w.rss_bytes() > self.memory_limit_bytes:
           job = w.job
           info = (f"worker host memory {w.rss_bytes() / 2**30:.1f} GiB exceeded the limit "
                   f"{self.memory_limit_bytes / 2**30:.1f} GiB in phase '{job.phase}'")
@@ -389,6 +420,27 @@ class Pool:
         w.kill()
         self.retiring.remove(w)
     return events
+
+  def _enforce_budget(self) -> list[Event]:
+    """Kills the busy worker that grew most while the pool's workers together exceed memory_budget_bytes."""
+    events = []
+    while True:
+      growth = {w: max(0, w.rss_bytes() - w.baseline_rss) for w in self._all_workers()
+                if w.state in ("ready", "busy")}
+      busy = [w for w in growth if w.state == "busy"]
+      if sum(growth.values()) <= self.memory_budget_bytes or not busy:
+        return events
+      w = max(busy, key=growth.get)
+      slot = next(s for s in self.slots if w in (s.worker, s.spare))
+      job = w.job
+      info = (f"the {self.role} workers together used {sum(growth.values()) / 2**30:.1f} GiB beyond their start-up "
+              f"size (budget {self.memory_budget_bytes / 2**30:.1f} GiB), this job's worker "
+              f"{growth[w] / 2**30:.1f} GiB")
+      log.warning("killing %s worker %s: %s", self.role, w.name, info)
+      w.job, w.state = None, "killed"
+      events.append(Event("memory", job, info=info))
+      self._on_death(slot, w)
+
 
 
 def pump(pools: list[Pool], timeout: float) -> list[Event]:

@@ -1,22 +1,29 @@
-"""Timing protocol (evaluator-anchors.md §4.3), identical for the reference and the candidate.
+"""Timing protocol (evaluator-anchors.md §4.3), identical for the reference and the candidate, with its checks.
 
 Per iteration (warm-up iterations first, untimed):
-  1. input set k = i mod G (G >= 2 sets drawn from the task's distribution with secret seeds); every floating
-     input is multiplied by a fresh secret factor in [0.8, 1] into both sides' input buffers, so no launch ever
-     sees contents it saw before (defeats memoisation keyed by pointer or content);
+  1. fresh inputs: an independent draw of the task's inputs with a secret seed, copied into the candidate's input
+     buffers of set k = i mod G (G >= 2 sets, so pointers rotate too); the reference gets the same draw. No launch
+     ever sees contents it, or anything derived from them, saw before, so a result memoised per pointer or content
+     (and rescaled) or work batched ahead for later calls is wrong. A task whose draw is too slow for every run
+     (worker.FRESH_DRAW_MS) falls back to G drawn sets, each multiplied by a fresh secret factor in [0.8, 1];
+     `details.timing.inputs` says which;
   2. candidate outputs and scratch are poisoned (NaN);
   3. L2 flush (a >= 2 x L2 write), CUDA events around the candidate's launches;
   4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
-  5. on a secret random subset of iterations (always the first and the last; all of them when re-checking an
-     excessive speedup) the candidate's outputs are compared on the GPU with the reference outputs of the same
-     inputs, computed after the candidate finished; then the reference outputs are scrubbed;
-  6. a polled device sync with a deadline (a hang becomes a timeout).
-N is `timing_runs`, or fewer under a time budget (`timing_max_s` > 0, evaluator-anchors.md §4.3 "stop ... on a
-time budget"): once the timed iterations have taken timing_max_s of wall time and at least `timing_min_runs` are
-done, the next iteration is the last, and it is validated like every pass's last iteration. So a slow candidate
-(a naive GEMM at 0.02x takes ~100 ms per run) costs ~timing_max_s instead of 100 runs; fast ones are unaffected.
-Statistic: median of N per side; speedup = median_ref / median_candidate. Launch-bound tasks (reference below
-`graph_threshold_ms`) can be timed as CUDA-graph replays on both sides (`timing_graphs`).
+  5. on a secret random subset of iterations (always the first and the last timed one, the first warm-up one,
+     and all of them when re-checking an excessive speedup): the candidate's outputs are compared on the GPU with
+     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed), and keyed
+     hashes (integrity.py) of the candidate's input and parameter buffers taken before and after its launches
+     must agree;
+  6. a polled device sync with a deadline (a hang becomes a timeout; the evaluation's budget applies too).
+Each pass starts with fresh guard canaries and ends with a guard check and a byte comparison of the parameter
+buffers, so a timed run that writes out of bounds or mutates inputs is caught even if it restores what it changed
+before a validated iteration's check.
+N is `timing_runs`, or fewer under a time budget (`timing_max_s` > 0): once the timed iterations have taken
+timing_max_s of wall time and at least `timing_min_runs` are done, the next iteration is the last, and it is
+validated like every pass's last iteration. Statistic: median of N per side; speedup = median_ref /
+median_candidate. Launch-bound tasks (reference below `graph_threshold_ms`) can be timed as CUDA-graph replays on
+both sides (`timing_graphs`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
-from kevin_jax.kernels.runner import wait
 
 
 def _stats(ms: list[float]) -> dict:
@@ -54,14 +60,14 @@ def _scrub(outs, param_ptrs) -> None:
 
 
 class _Setup:
-  """Input sets, buffer pointers and (optionally) CUDA graphs for one timing measurement."""
+  """Input buffer sets, input draws, integrity keys and (optionally) CUDA graphs for one timing measurement."""
 
   def __init__(self, w, state, bound, mod, bufs):
     s, info = w.s, state.info
     self.w, self.state, self.bound, self.mod, self.bufs = w, state, bound, mod, bufs
     self.n_sets = max(2, int(s["timing_input_sets"]))
+    self.fresh = bool(state.fresh_inputs)
     self.names = [n for n, i in zip(info.input_names, info.inputs) if i["kind"] == "tensor"]
-    self.base = [I.draw(state.module, "task", w.secret.getrandbits(62), w.device) for _ in range(self.n_sets)]
     self.ptrs, self.cand_in = [], []
     for k in range(self.n_sets):
       ptrs = bufs.pointers()
@@ -72,17 +78,34 @@ class _Setup:
         row.append(g.tensor)
       self.ptrs.append(ptrs)
       self.cand_in.append(row)
-    self.ref_in = [[x.clone() if isinstance(x, torch.Tensor) else x for x in base] for base in self.base]
+    self.base = None if self.fresh else [self.draw() for _ in range(self.n_sets)]
+    self.ref_in = None if self.fresh else [[_clone(x) for x in base] for base in self.base]
     self.outs = [f"out{j}" for j in range(len(info.outputs))]
     self.fill = self.outs + [name for name, _, _, zero in bound.scratch if not zero]
     self.zeros = [name for name, _, _, zero in bound.scratch if zero]
     self.tols = [B.tolerance_for(B.DTYPES[o["dtype"]], s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
                                  info.options.get("atol"), info.options.get("rtol")) for o in info.outputs]
     self.param_ptrs = {p.untyped_storage().data_ptr() for p in state.params.values()}
+    self.key = w.secret.getrandbits(64)
+    self.params = [bufs[n].tensor for n in bufs.param_snapshot]
+    self.param_hash = w.hasher(self.params, self.key) if self.params else None
     self.cand_graphs = self.ref_graphs = None
 
-  def set_inputs(self, k: int) -> None:
-    """Fresh contents for set k: base * secret factor in [0.8, 1] into both sides' buffers."""
+  def draw(self) -> list:
+    return I.draw(self.state.module, "task", self.w.secret.getrandbits(62), self.w.device)
+
+  def set_inputs(self, k: int) -> list:
+    """New contents for the candidate's input set k; returns the reference's arguments (module docstring)."""
+    if self.fresh:
+      args = self.draw()
+      tensors = [x for x in args if isinstance(x, torch.Tensor)]
+      for c, x in zip(self.cand_in[k], tensors):
+        c.copy_(x)
+      if self.ref_graphs is None:
+        return args
+      for r, x in zip([x for x in self.ref_in[k] if isinstance(x, torch.Tensor)], tensors):
+        r.copy_(x)
+      return self.ref_in[k]
     ref_tensors = [x for x in self.ref_in[k] if isinstance(x, torch.Tensor)]
     base_tensors = [x for x in self.base[k] if isinstance(x, torch.Tensor)]
     for b, c, r in zip(base_tensors, self.cand_in[k], ref_tensors):
@@ -93,6 +116,11 @@ class _Setup:
       else:
         c.copy_(b)
         r.copy_(b)
+    return self.ref_in[k]
+
+  def integrity(self, k: int) -> torch.Tensor:
+    """Keyed hashes of the candidate's input set k and its parameter buffers (one device tensor)."""
+    return self.w.hasher(self.cand_in[k] + self.params, self.key)
 
   def run_candidate(self, k: int, stream_ptr: int) -> None:
     if self.cand_graphs is not None:
@@ -100,17 +128,19 @@ class _Setup:
     else:
       self.mod.run(self.bound, self.ptrs[k], stream_ptr)
 
-  def run_reference(self, k: int):
+  def run_reference(self, k: int, args: list):
     if self.ref_graphs is not None:
       g, outs = self.ref_graphs[k]
       g.replay()
       return outs
     with torch.no_grad():
-      out = self.state.model(*self.ref_in[k])
+      out = self.state.model(*args)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
   def capture(self) -> None:
     """CUDA graphs of both sides per input set (raises if either cannot be captured)."""
+    if self.ref_in is None:
+      self.ref_in = [[_clone(x) for x in self.draw()] for _ in range(self.n_sets)]
     torch.cuda.synchronize()
     cand, ref = [], []
     for k in range(self.n_sets):
@@ -126,14 +156,19 @@ class _Setup:
     self.cand_graphs, self.ref_graphs = cand, ref
 
 
+def _clone(x):
+  return x.clone() if isinstance(x, torch.Tensor) else x
+
+
 def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bool, deadline_s: float) -> dict:
   w, stream = su.w, su.w.stream
   total = warmup + n_runs
   frac = float(w.s["validate_fraction"])
   max_s, min_runs = float(w.s["timing_max_s"]), int(w.s["timing_min_runs"])
-  validate = [validate_all or i in (0, total - 1) or (i >= warmup and w.secret.random() < frac)
+  validate = [validate_all or i in (0, warmup, total - 1) or (i >= warmup and w.secret.random() < frac)
               for i in range(total)]
-  cand_ev, ref_ev, checks = [], [], []
+  cand_ev, ref_ev, checks, integrity = [], [], [], []
+  su.bufs.rearm()
   timed_since = None
   for i in range(total):
     if i == warmup:
@@ -143,7 +178,8 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
                               and time.monotonic() - timed_since >= max_s)
     validate[i] = validate[i] or last
     k = i % su.n_sets
-    su.set_inputs(k)
+    ref_args = su.set_inputs(k)
+    before = su.integrity(k) if validate[i] else None
     su.bufs.fill(su.fill, B.POISON_NAN)
     su.bufs.fill(su.zeros, 0)
     c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -151,11 +187,13 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
     c0.record(stream)
     su.run_candidate(k, stream.cuda_stream)
     c1.record(stream)
+    if validate[i]:
+      integrity.append((i, (su.integrity(k) != before).sum()))
     if time_ref or validate[i]:
       r0, r1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
       w.flush.zero_()
       r0.record(stream)
-      ref_out = su.run_reference(k)
+      ref_out = su.run_reference(k, ref_args)
       r1.record(stream)
       if validate[i]:
         bad = [_count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
@@ -164,19 +202,27 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
       del ref_out
       if i >= warmup and time_ref:
         ref_ev.append((r0, r1))
-    wait(stream, time.monotonic() + deadline_s, f"timed run {i + 1}")
+    del ref_args
+    w.wait_for(f"timed run {i + 1}", deadline_s)
     if i >= warmup:
       cand_ev.append((c0, c1))
     if last:
       break
   out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
-         "validated": len(checks), "bad_run": None, "budget_stop": len(cand_ev) < n_runs}
-  if checks:
-    counts = torch.stack([c for _, c in checks]).cpu().tolist()
-    for (i, _), n in zip(checks, counts):
-      if n:
-        out["bad_run"], out["bad_count"] = i + 1, int(n)
-        break
+         "validated": len(checks), "bad_run": None, "mutated_run": None, "budget_stop": len(cand_ev) < n_runs,
+         "guard": None}
+  out["guard"] = next(iter(su.bufs.guard_violations()), None)
+  changed = [n for n, p in su.bufs.param_snapshot.items() if not B.same_bytes(su.bufs[n].tensor, p)]
+  if changed:
+    out["mutated_run"] = "a timed run"
+  for name, found in (("bad_run", checks), ("mutated_run", integrity)):
+    if found and out[name] is None:
+      counts = torch.stack([c for _, c in found]).cpu().tolist()
+      for (i, _), n in zip(found, counts):
+        if n:
+          out[name] = f"timed run {i + 1}"
+          out["bad_count"] = int(n)
+          break
   return out
 
 
@@ -192,7 +238,7 @@ def _per_launch_ms(su: _Setup, deadline_s: float) -> list:
   for k, bl in enumerate(su.bound.launches):
     su.mod.launch(bl, su.ptrs[0], stream.cuda_stream)
     evs[k + 1].record(stream)
-  wait(stream, time.monotonic() + deadline_s, "per-launch timing run")
+  su.w.wait_for("per-launch timing run", deadline_s)
   return [(bl.kernel, evs[k].elapsed_time(evs[k + 1])) for k, bl in enumerate(su.bound.launches)]
 
 
@@ -214,8 +260,8 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
       res["details"]["graph_capture_error"] = f"{type(e).__name__}: {str(e)[:300]}"
       torch.cuda.synchronize()  # Raises (-> fatal) if the failed capture broke the context.
   p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
-  info = {"method": method, "input_sets": su.n_sets, "flush_bytes": w.flush.numel(), "validated": p["validated"],
-          "budget_stop": p["budget_stop"]}
+  info = {"method": method, "input_sets": su.n_sets, "inputs": "fresh" if su.fresh else "rescaled",
+          "flush_bytes": w.flush.numel(), "validated": p["validated"], "budget_stop": p["budget_stop"]}
 
   def conclude(p, recheck: bool) -> bool:
     cand, ref = _stats(p["cand_ms"]), _stats(p["ref_ms"])
@@ -223,10 +269,24 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
     info.update(cand_ms=cand, ref_ms=ref or {"median": ref_median, "cached": True})
     res["cand_time_ms"], res["ref_time_ms"] = cand["median"], ref_median
     res["speedup"] = ref_median / cand["median"] if cand["median"] > 0 else float("inf")
+    if p["guard"] is not None:
+      name, side, nbytes = p["guard"]
+      shown = "out" if name == "out0" and len(su.outs) == 1 else name.split("#")[0]
+      res["flags"].append("out_of_bounds_write")
+      res["status"], res["speedup"] = "runtime_error", None
+      res["error"] = (f"a timed run wrote outside buffer '{shown}' ({nbytes} guard bytes "
+                      f"{'before its start' if side == 'before' else 'after its end'} changed)")
+      return False
+    if p["mutated_run"] is not None:
+      res["flags"].append("input_mutation")
+      res["status"], res["speedup"] = "runtime_error", None
+      res["error"] = (f"the kernels modified an input or parameter during {p['mutated_run']}; inputs and parameters "
+                      f"are read-only (use a scratch buffer)")
+      return False
     if p["bad_run"] is not None:
       res["flags"].append("timing_validation_failed")
       res["status"] = "incorrect"
-      res["error"] = (f"the output of timed run {p['bad_run']} was wrong ({p['bad_count']:,} elements) although the "
+      res["error"] = (f"the output of {p['bad_run']} was wrong ({p['bad_count']:,} elements) although the "
                       f"correctness trials passed: results must not depend on earlier launches or call counts"
                       + (" (re-check of an excessive speedup)" if recheck else ""))
       res["speedup"] = None

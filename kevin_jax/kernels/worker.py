@@ -1,19 +1,21 @@
 """The GPU worker: one process per GPU slot, driven by the supervisor (worker_main.py) through a pipe.
 
 Per evaluation: load the task (cached: the reference Model built once with a fixed seed, TF32 off unless the
-task sets ALLOW_TF32), re-validate the plan against the live shapes and the real device limits, load the cubin
-as a fresh module, then
+task sets ALLOW_TF32; its weights' keyed hash taken), start the evaluation's wall budget, re-validate the plan
+against the live shapes and the real device limits and the cubin against the signatures (static.check_cubin),
+load the cubin as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
                first on its own copies; its outputs go, sealed, to pinned host memory and the GPU copies are
-               scrubbed and freed. The candidate then runs twice on guarded buffers (poison 0xFF, then 0x5A),
-               with a sync, a canary check after every launch, and an input/parameter byte check after every run;
-               the first run's outputs are sealed (XOR with a secret stream) while the second runs. Both runs
-               are compared with the reference (uploaded only now).
+               scrubbed and freed. The candidate then runs twice on guarded buffers (fresh canaries per run; poison
+               0xFF, then 0x5A), with a sync, a canary check after every launch, and an input/parameter byte check
+               after every run; the first run's outputs are sealed (XOR with a secret stream) while the second
+               runs. Both runs are compared with the reference (uploaded only now).
   timing       see timing.py.
 
-Any fault that leaves the CUDA context unusable (illegal address, trap, hang) marks the result fatal; the worker
-then exits and the supervisor starts a fresh one. Exceptions never escape `GpuWorker.run`.
+Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
+runs) marks the result fatal; the worker then exits and the supervisor starts a fresh one. After every evaluation
+the reference weights' keyed hash is checked. Exceptions never escape `GpuWorker.run`.
 """
 
 from __future__ import annotations
@@ -31,14 +33,20 @@ from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
 from kevin_jax.kernels import static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
+from kevin_jax.kernels.cubin import read_cubin
+from kevin_jax.kernels.integrity import KeyedHash
 from kevin_jax.kernels.plan import BoundPlan, Limits
 from kevin_jax.kernels.runner import CandidateError, KernelModule, classify, wait
 from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, describe_live, task_options
 
 MODEL_SEED = 0
 MAX_CACHED_TASKS = 8
+# Timed inputs are fresh draws when one draw of the task's inputs takes at most max(FRESH_DRAW_MS,
+# FRESH_DRAW_REF_FACTOR x reference time); slower get_inputs (CPU-bound) fall back to rescaled input sets.
+FRESH_DRAW_MS = 2.0
+FRESH_DRAW_REF_FACTOR = 2.0
 KIND_FLAGS = {"illegal_address": "illegal_address", "trap": "trap", "hang": "hang", "misaligned": "misaligned_address",
-              "launch": "launch_error", "oom": "gpu_oom", "cuda_error": "cuda_error"}
+              "launch": "launch_error", "oom": "gpu_oom", "cuda_error": "cuda_error", "deadline": "eval_deadline"}
 
 
 def set_precision(allow_tf32: bool) -> None:
@@ -61,14 +69,16 @@ def as_tuple(out) -> tuple:
 
 @dataclasses.dataclass
 class TaskState:
-  """A loaded task: module, reference model on the GPU, live TaskInfo, parameter checksums, pinned buffers."""
+  """A loaded task: module, reference model on the GPU, live TaskInfo, the weights' keyed hash, pinned buffers."""
   task_id: str
   module: object
   model: torch.nn.Module
   info: TaskInfo
   params: dict[str, torch.Tensor]
-  param_sums: list[int]
+  param_key: int  # Secret key of the reference weights' keyed hash (host only).
+  param_hash: torch.Tensor  # Keyed hash of the reference model's parameters at load time (on the GPU).
   ref_ms_rough: float
+  fresh_inputs: bool  # Timed inputs drawn afresh every run (False: a draw is too slow; rescaled sets instead).
   pinned: dict = dataclasses.field(default_factory=dict)
 
   def pinned_out(self, j: int, like: torch.Tensor) -> torch.Tensor:
@@ -103,7 +113,8 @@ class GpuWorker:
         max_block=(attr(rt.cudaDevAttrMaxBlockDimX), attr(rt.cudaDevAttrMaxBlockDimY),
                    attr(rt.cudaDevAttrMaxBlockDimZ)),
         max_grid=(attr(rt.cudaDevAttrMaxGridDimX), attr(rt.cudaDevAttrMaxGridDimY), attr(rt.cudaDevAttrMaxGridDimZ)),
-        max_smem=attr(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin))
+        max_smem=attr(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin),
+        max_resident_threads=attr(rt.cudaDevAttrMultiProcessorCount) * attr(rt.cudaDevAttrMaxThreadsPerMultiProcessor))
     self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or attr(rt.cudaDevAttrL2CacheSize))
     self.stream = torch.cuda.Stream(device=self.device)
     flush = int(settings.get("flush_bytes") or max(2 * self.l2_bytes, 256 * 2**20))
@@ -111,6 +122,8 @@ class GpuWorker:
     self.tasks: "collections.OrderedDict[tuple, TaskState]" = collections.OrderedDict()
     seed = settings.get("seed", -1)
     self.secret = random.Random(seed) if seed is not None and seed >= 0 else random.SystemRandom()
+    self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
+    self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
     import cupy  # pylint: disable=g-import-not-at-top
     self.describe = {
         "device_name": props.name, "arch": f"sm_{props.major}{props.minor}", "sm_count": props.multi_processor_count,
@@ -148,6 +161,10 @@ class GpuWorker:
         model = module.Model(*init)
       model = model.to(self.device)
       x = I.draw(module, "task", MODEL_SEED, self.device)
+      t_draw = time.perf_counter()
+      I.draw(module, "task", MODEL_SEED + 1, self.device)
+      torch.cuda.synchronize()
+      draw_ms = (time.perf_counter() - t_draw) * 1e3
       out = model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in x])
       info = describe_live(task_id, module, model, x, out)
       start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -157,9 +174,11 @@ class GpuWorker:
       end.synchronize()
       ref_ms = start.elapsed_time(end)
       params = {n: p.detach() for n, p in list(model.named_parameters()) + list(model.named_buffers())}
-      sums = B.checksum(p for n, p in model.named_parameters())
-    return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_sums=sums,
-                     ref_ms_rough=ref_ms)
+      key = self.secret.getrandbits(64)
+      param_hash = self.hasher([p for _, p in model.named_parameters()], key)
+    return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_key=key,
+                     param_hash=param_hash, ref_ms_rough=ref_ms,
+                     fresh_inputs=draw_ms <= max(FRESH_DRAW_MS, FRESH_DRAW_REF_FACTOR * ref_ms))
 
   # --- one evaluation ------------------------------------------------------------------------------------
 
@@ -173,15 +192,22 @@ class GpuWorker:
       report("load")
       state = self.task(job["task_id"], job["task_path"])
       times["load"] = time.perf_counter() - t0
+      self.budget_end = time.monotonic() + float(job["budget_s"])  # The task load is not the candidate's time.
+      report("validate")
       set_precision(state.info.options["allow_tf32"])
       try:
-        _, bound = static.validate(job["text"], state.info, self.limits)
+        cand, bound = static.validate(job["text"], state.info, self.limits)
       except FormatError as e:
         return _final(res, "format_error", str(e))
+      problem = static.check_cubin(read_cubin(job["cubin"]), cand.kernels, bound, self.limits,
+                                   self.s["max_static_device_bytes"], self.s["max_local_memory_bytes"])
+      if problem:
+        res["flags"] += problem[2]
+        return _final(res, problem[0], problem[1])
       with torch.cuda.stream(self.stream):
         self._evaluate(job, state, bound, res, report)
     except CandidateError as e:
-      status = "timeout" if e.kind == "hang" else "runtime_error"
+      status = "timeout" if e.kind in ("hang", "deadline") else "runtime_error"
       res["flags"].append(KIND_FLAGS.get(e.kind, e.kind))
       res["fatal"] = res["fatal"] or e.fatal
       _final(res, status, e.message)
@@ -208,11 +234,27 @@ class GpuWorker:
     times["gpu_total"] = time.perf_counter() - t0
     return res
 
+  def wait_for(self, what: str, deadline_s: float) -> None:
+    """Waits for the stream; a launch running past deadline_s is a hang, past the evaluation's budget a deadline."""
+    now = time.monotonic()
+    if now > self.budget_end:
+      raise CandidateError("deadline", f"{what}: the evaluation ran past its time budget", fatal=True)
+    if now + deadline_s <= self.budget_end:
+      wait(self.stream, now + deadline_s, what)
+      return
+    try:
+      wait(self.stream, self.budget_end, what)
+    except CandidateError as e:
+      if e.kind == "hang":
+        raise CandidateError("deadline", f"{what}: the evaluation ran past its time budget", fatal=True) from e
+      raise
+
   def _after(self, state: TaskState | None, res: dict) -> None:
     """Checks the reference weights, frees memory; a failure here makes the worker restart."""
     try:
       torch.cuda.synchronize()
-      if state is not None and B.checksum(p for n, p in state.model.named_parameters()) != state.param_sums:
+      now = self.hasher([p for _, p in state.model.named_parameters()], state.param_key) if state else None
+      if state is not None and not torch.equal(now, state.param_hash):
         res["flags"].append("reference_corrupted")
         _final(res, "runtime_error", "a kernel wrote into memory it does not own (the reference model's weights)")
         res["fatal"] = True  # The worker restarts; its cached reference models go with it.
@@ -241,6 +283,12 @@ class GpuWorker:
         _final(res, "format_error", f"launch {k} ({bl.kernel}): {threads} threads per block, but the kernel uses "
                                     f"{a['num_regs']} registers per thread, which allows at most "
                                     f"{a['max_threads']} threads per block")
+        return
+      if a["local_bytes"] * self.limits.max_resident_threads > s["max_local_memory_bytes"]:
+        res["flags"].append("local_memory")
+        _final(res, "format_error", f"launch {k} ({bl.kernel}): {a['local_bytes']} bytes of local memory per thread "
+                                    f"x {self.limits.max_resident_threads} resident threads exceed the cap of "
+                                    f"{s['max_local_memory_bytes']} bytes")
         return
       if a["static_smem"] + bl.smem > self.limits.max_smem:
         _final(res, "format_error", f"launch {k} ({bl.kernel}): {a['static_smem']} bytes of static + {bl.smem} "
@@ -352,6 +400,7 @@ class GpuWorker:
       seal_seed = self.secret.getrandbits(62)
       kept = None
       for run, poison in ((1, B.POISON_NAN), (2, B.POISON_FINITE)):
+        bufs.rearm()
         bufs.fill(fill, poison)
         bufs.fill(zeros, 0)
         for k, bl in enumerate(bound.launches, 1):
@@ -361,7 +410,7 @@ class GpuWorker:
           except Exception as e:  # pylint: disable=broad-except
             kind, msg = classify(e, at_launch=True)
             raise CandidateError(kind, f"{where}: {msg} [{str(e)[:160]}]", fatal=not _context_ok()) from e
-          wait(self.stream, time.monotonic() + deadline_s, where)
+          self.wait_for(where, deadline_s)
           bad = bufs.guard_violations()
           if bad:
             name, side, nbytes = bad[0]

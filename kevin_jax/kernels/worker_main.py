@@ -14,6 +14,7 @@ import argparse
 import os
 import resource
 import sys
+import tempfile
 import traceback
 import warnings
 from multiprocessing.connection import Connection
@@ -26,13 +27,27 @@ def _limit_resources(as_bytes: int) -> None:
 
 
 class _CompileHandler:
-  """Static checks (parse, validate, NVRTC) in a long-lived process (keeps NVRTC's PCH and task shapes warm)."""
+  """Static checks (parse, validate, NVRTC) in a long-lived process (keeps NVRTC's PCH and task shapes warm).
+
+  The process works in an empty private directory: NVRTC searches the working directory for `#include "..."`, so
+  nothing there can be read even if a name got past the header rules.
+  """
 
   def __init__(self, settings: dict):
     del settings
     from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top,unused-import  # Task analysis needs it; import once.
+    compile_mod.include_dirs()  # Resolved (and cached) before leaving the start-up directory.
+    self.workdir = tempfile.mkdtemp(prefix="kevin_jax_compile_")
+    os.chdir(self.workdir)
     self.describe = {"nvrtc": list(compile_mod.nvrtc_version()), "pid": os.getpid()}
+
+  def close(self) -> None:
+    try:
+      os.chdir("/")
+      os.rmdir(self.workdir)
+    except OSError:
+      pass
 
   def run(self, payload: dict, report) -> dict:
     from kevin_jax.kernels import static  # pylint: disable=g-import-not-at-top
@@ -106,6 +121,8 @@ def main(argv=None) -> None:
     if result.get("fatal"):
       sys.stderr.flush()
       os._exit(3)  # Sticky CUDA error or a running kernel: skip interpreter teardown.
+  if hasattr(handler, "close"):
+    handler.close()
   sys.stderr.flush()
   os._exit(0)
 

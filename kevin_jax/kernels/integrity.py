@@ -1,0 +1,104 @@
+"""A keyed hash of tensor contents, for integrity checks the candidate cannot satisfy by keeping sums intact.
+
+    h(t, key) = sum_i w_i * mix(i + key)  (mod 2^64)
+
+over the tensor's little-endian 32-bit words w_i (a last partial word is zero-padded), with `mix` the splitmix64
+finaliser. Every position has its own secret weight, so a permutation, a swap or any change whose effect cancels
+in a plain or squared sum still changes the hash unless the change was chosen knowing the key (a host-only secret;
+it reaches the GPU only as a kernel argument). On CUDA it is one bandwidth-bound pass (an evaluator-owned NVRTC
+kernel, a warp reduction and one atomic per warp); on the CPU (the emulated worker) the same formula in torch ops.
+Results stay on the device, so checks inside the timing loop need no synchronisation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_C1, _C2, _C3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_SOURCE = r"""
+extern "C" __global__ void keyed_hash(const unsigned int* __restrict__ w, unsigned long long n,
+                                      unsigned long long key, unsigned long long* out) {
+  unsigned long long acc = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    unsigned long long z = (i + key) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    acc += z * (unsigned long long)w[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
+}
+"""
+_THREADS = 256
+_MAX_BLOCKS = 4096
+
+
+def _signed(v: int) -> int:
+  v &= (1 << 64) - 1
+  return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _lsr(z: torch.Tensor, s: int) -> torch.Tensor:
+  return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(i: torch.Tensor) -> torch.Tensor:
+  z = i * _signed(_C1)
+  z = (z ^ _lsr(z, 30)) * _signed(_C2)
+  z = (z ^ _lsr(z, 27)) * _signed(_C3)
+  return z ^ _lsr(z, 31)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+  """The tensor's bytes as 32-bit words (a copy only when the byte count is not a multiple of 4)."""
+  b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+  if b.storage_offset() % 4:
+    b = b.clone()
+  if b.numel() % 4:
+    b = torch.cat([b, torch.zeros(4 - b.numel() % 4, dtype=torch.uint8, device=b.device)])
+  return b.view(torch.int32)
+
+
+class KeyedHash:
+  """`hasher(tensors, key)` -> int64 tensor of one hash per tensor, on the tensors' device (module docstring)."""
+
+  def __init__(self, device: torch.device, arch: str | None = None):
+    self.device = device
+    self._func = None
+    if device.type == "cuda":
+      from cupy.cuda import function  # pylint: disable=g-import-not-at-top
+      from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
+      from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
+      res = compile_mod.compile_cuda(_SOURCE, arch or compile_mod.DEFAULT_ARCH, cache_dir="")
+      if not res.ok:
+        raise RuntimeError(f"the integrity hash kernel did not compile: {res.log}")
+      self._driver, self._module = driver, function.Module()
+      self._module.load(res.cubin)
+      self._func = self._module.get_function("keyed_hash")
+
+  def __call__(self, tensors, key: int) -> torch.Tensor:
+    tensors = list(tensors)
+    out = torch.zeros(len(tensors), dtype=torch.int64, device=self.device)
+    for j, t in enumerate(tensors):
+      w = _words(t)
+      if w.numel() == 0:
+        continue
+      if self._func is None:
+        idx = torch.arange(w.numel(), dtype=torch.int64, device=w.device) + _signed(key)
+        out[j] = (_mix(idx) * (w.to(torch.int64) & 0xFFFFFFFF)).sum()
+      else:
+        self._launch(w, key, out, j)
+    return out
+
+  def _launch(self, w: torch.Tensor, key: int, out: torch.Tensor, j: int) -> None:
+    n = w.numel()
+    blocks = min(_MAX_BLOCKS, -(-n // _THREADS))
+    keep = [ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(key & ((1 << 64) - 1)),
+            ctypes.c_uint64(out.data_ptr() + 8 * j)]
+    params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
+    self._driver.launchKernel(self._func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0,
+                              torch.cuda.current_stream(self.device).cuda_stream, ctypes.addressof(params), 0)
