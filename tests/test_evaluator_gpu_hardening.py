@@ -40,7 +40,6 @@ HARDENING = {
     "memo_rescale": ("row_sum", {"incorrect"}, "timing_validation_failed"),
     "oob_after_n": ("vec_add", {"runtime_error"}, "out_of_bounds_write"),
     "mutate_in_timing": ("vec_add", {"runtime_error"}, "input_mutation"),
-    "globaltimer_skip": ("row_sum", {"incorrect"}, None),
     "guard_copy": ("vec_add", {"runtime_error"}, "out_of_bounds_write"),
     "local_memory_hog": ("vec_add", {"format_error"}, "local_memory"),
     "huge_device_array": ("vec_add", {"format_error"}, None),
@@ -73,6 +72,32 @@ def test_hardening_attacks_are_caught_and_the_evaluator_keeps_serving(ev):
   assert slow.get("gpu_total", slow["total"]) < EVAL_TIMEOUT_S + 15, slow
   (r,) = ev.evaluate([("vec_add", read("candidates", "vec_add.md") + "\n<!-- after the hardening suite -->\n")])
   assert r.status == "correct", r.error
+
+
+GLOBALTIMER_DELAYS_MS = (50, 300, 600, 900, 1200)
+
+
+def test_a_clock_switch_never_scores_a_faster_kernel(ev):
+  """%globaltimer-triggered skipping, switched on after several delays: wherever the switch falls (correctness
+  trials, timed runs, or after the evaluation), no result is correct with a speedup above the honest kernel's."""
+  text = read("adversarial", "globaltimer_skip.md")
+  assert "300000000ULL" in text
+  honest = read("candidates", "relu_1ms.md")
+  items = [("relu_1ms", honest)] + [("relu_1ms", text.replace("300000000ULL", f"{ms * 1_000_000}ULL"))
+                                    for ms in GLOBALTIMER_DELAYS_MS]
+  rs = ev.evaluate(items)
+  print("\n== clock switch")
+  for name, r in zip(["honest"] + [f"skip after {ms} ms" for ms in GLOBALTIMER_DELAYS_MS], rs):
+    print(f"{name:20s} {r.status:10s} speedup={r.speedup or 0:.3f} flags={','.join(r.flags) or '-'} "
+          f"timing={r.times.get('timing', 0):.2f}s | {r.error[:100]}")
+  assert rs[0].status == "correct", rs[0].error
+  for ms, r in zip(GLOBALTIMER_DELAYS_MS, rs[1:]):
+    if r.status == "correct":
+      assert r.speedup <= 1.1 * rs[0].speedup, (ms, r.speedup, rs[0].speedup)
+    else:
+      assert r.status == "incorrect" and r.score == 0.0, (ms, r.status, r.error)
+  # The shortest delay switches inside the correctness trials (about 0.5 s on this task): the attack does fire.
+  assert rs[1].status == "incorrect", rs[1].error
 
 
 def test_timed_inputs_are_fresh_draws_and_the_first_timed_run_is_checked(ev):
