@@ -46,7 +46,8 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 from kevin_jax.policy import get_preset, sample_stats, sampler  # pylint: disable=wrong-import-position
 from kevin_jax.policy import model as model_lib  # pylint: disable=wrong-import-position
-from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, padded_rows  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode_attention import (  # pylint: disable=wrong-import-position
+    SlotRanges, decode_attention, padded_rows)
 from kevin_jax.policy.decode_mlp import down_proj, swiglu_front  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_oproj import out_proj_residual  # pylint: disable=wrong-import-position
 from kevin_jax.policy.decode_qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
@@ -136,7 +137,8 @@ def attention_cases(a, cfg, b, rng):
   caches = [tuple(jnp.asarray(rng.standard_normal((b, kh, s, h), np.float32), jnp.bfloat16) for _ in "kv")
             for _ in range(layers)]
   q = jnp.asarray(rng.standard_normal((b, kh, g, h), np.float32), jnp.bfloat16)
-  versions = {"xla": lambda q_, kc, vc, r: model_lib._decode_attend(q_, kc, vc, r.mask(s), True)}  # pylint: disable=protected-access
+  xla_attend = model_lib._decode_attend  # pylint: disable=protected-access  (the model's XLA path)
+  versions = {"xla": lambda q_, kc, vc, r: xla_attend(q_, kc, vc, r.mask(s), True)}
   for c in a.configs["attention"]:
     bk, sp, nw, ns, bal = _ints(c)
     versions[f"pallas {c}"] = functools.partial(_attn, block_k=bk, num_splits=sp, num_warps=nw, num_stages=ns,
@@ -333,7 +335,8 @@ def print_table(rows: list, keys: tuple) -> None:
       print(f"| {cells} | failed: {next(r['error'] for r in rs if 'error' in r)[:80]} | | |")
       continue
     us = " / ".join(f"{r['us']:.2f}" for r in rs)
-    print(f"| {cells} | {us} | {max(r['TBps'] for r in rs):.2f} | {rs[0].get('max_rel_diff_vs_xla', float('nan')):.1e} |")
+    diff = rs[0].get("max_rel_diff_vs_xla", float("nan"))
+    print(f"| {cells} | {us} | {max(r['TBps'] for r in rs):.2f} | {diff:.1e} |")
 
 
 def main(argv=None) -> None:

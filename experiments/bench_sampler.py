@@ -45,7 +45,8 @@ import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
-from experiments.bench_sampler_workers import DECODE_DESTS, MODELS, add_decode_args  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments.bench_sampler_workers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+    DECODE_DESTS, MODELS, add_decode_args)
 
 _WORKERS = os.path.join(_REPO, "experiments", "bench_sampler_workers.py")
 
@@ -357,6 +358,7 @@ def main(argv=None):
   p.add_argument("--budget-s", type=float, default=0.0, help="start no more workers past this wall time (0: none)")
   p.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script; CPU ok)")
   args = p.parse_args(argv)
+  args.out = os.path.abspath(args.out)  # a --tree variant's bench runs in its own directory
   if args.smoke:
     args.models, args.prompt_len, args.new_tokens, args.hf_new_tokens = "tiny", 32, 16, 8
   args.batches = [int(b) for b in (args.batches or ("2,4" if args.smoke else "64,256")).split(",")]
