@@ -108,7 +108,7 @@ def test_sampler_same_tokens_with_every_decode_kernel():
 
 
 def test_config_values():
-  assert get_preset("tiny").decode_add_norm == "xla"  # opt-in until measured
+  assert get_preset("tiny").decode_add_norm == "xla"  # opt-in: slower end to end (BENCHMARKS.md Sampler)
   with pytest.raises(ValueError, match="decode_add_norm"):
     get_preset("tiny", decode_add_norm="triton")
   with pytest.raises(ValueError, match="fp32_upcast"):

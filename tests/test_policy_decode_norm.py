@@ -193,7 +193,7 @@ def test_fold_decode_norms_only_where_a_kernel_runs():
 
 @pytest.mark.parametrize("backend,overrides,want", [
     ("cpu", {}, "xla"), ("gpu", {}, "inside"), ("gpu", {"hidden_size": 1024}, "inside"),
-    ("gpu", {"hidden_size": 1536}, "xla"),  # over AUTO_NORM_MAX_D: unmeasured there
+    ("gpu", {"hidden_size": 1536}, "xla"),  # over AUTO_NORM_MAX_D: no gain at the 1.5B shape
     ("gpu", {"decode_norm": "xla"}, "xla"), ("cpu", {"decode_norm": "fold"}, "fold"),
     ("cpu", {"decode_norm": "inside"}, "inside")])
 def test_auto_resolution(monkeypatch, backend, overrides, want):

@@ -61,38 +61,34 @@ class ModelConfig:
       'interpret' (CPU tests). Multi-token calls (prefill, training) always use 'xla'.
     decode_down: the MLP's down projection in a one-token decode step: 'auto' (decode_mlp.down_proj, split along
       the intermediate size, on a GPU when the batch is at most decode_mlp.AUTO_MAX_ROWS and the hidden size at
-      most decode_mlp.AUTO_DOWN_MAX_D, else 'xla': +5 % decode tokens/s on the 0.5B shape at batch 64, slower at
-      256 rows and no faster on the 1.5B shape; BENCHMARKS.md "Sampler") | 'xla' (one einsum) | 'pallas' |
-      'interpret' (CPU tests).
+      most decode_mlp.AUTO_DOWN_MAX_D, else 'xla': +5.1 % decode tokens/s at the 0.5B shape, batch 64,
+      experiments/sampler_kernels) | 'xla' (one einsum) | 'pallas' | 'interpret' (CPU tests).
     decode_qkv: the front of attention in a one-token decode step (q/k/v projection, biases, RoPE, the k/v cache
-      write, after XLA's input RMSNorm): 'auto' (the default: the one Pallas kernel of policy/decode_qkv.py on a
-      GPU when its shape rules hold and the batch is at most decode_qkv.MAX_ROWS, else 'xla'; +3.6 % decode
-      tokens/s on the 0.5B shape at batch 64, BENCHMARKS.md "Sampler", twenty-third session) | 'xla' (einsums,
+      write; the input RMSNorm as decode_norm says): 'auto' (the default: the one Pallas kernel of
+      policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most decode_qkv.MAX_ROWS, else
+      'xla'; +3.6 % decode tokens/s at the 0.5B shape, batch 64, experiments/sampler_kernels) | 'xla' (einsums,
       XLA's fusions and dynamic_update_slice) | 'pallas' | 'interpret' (CPU tests).
     decode_out: the attention's output projection with the residual add in a one-token decode step: 'auto' (the
       default: the Pallas kernel of policy/decode_oproj.py on a GPU where its shape rules hold, the batch is at
       most decode_oproj.MAX_ROWS, the q/k/v kernel runs and decode_norm resolves to 'fold' or 'inside'; else
-      'xla') | 'xla' (einsum and XLA's fusions) | 'pallas' | 'interpret' (CPU tests). With decode_qkv on and XLA's
-      norms it made the decode step 1.2 % slower on the 0.5B shape at batch 64 (twenty-third session); with the
-      norms inside the kernels too it gained (decode_norm), hence the 'auto' rule.
+      'xla') | 'xla' (einsum and XLA's fusions) | 'pallas' | 'interpret' (CPU tests). The 'auto' rule: with XLA's
+      norms the kernel made the decode step slower (BENCHMARKS.md Sampler), with the norms inside it pays.
     decode_add_norm: the residual add after the MLP and the next RMSNorm (the next layer's input norm, or the final
       norm) in a one-token decode step: 'xla' (the default: XLA's fusions) | 'auto' (the one Pallas kernel of
       policy/decode_add_norm.py, which also sums decode_down's partials, on a GPU when fp32_upcast is on and its
-      shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: it made bench_sampler 4.4 %
-      slower on the 0.5B shape at batch 64 (BENCHMARKS.md "Sampler", twenty-sixth session).
+      shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: -4.4 % decode tokens/s at the
+      0.5B shape, batch 64 (BENCHMARKS.md Sampler).
     decode_norm: how a one-token decode step applies the RMSNorms before the q/k/v kernel (decode_qkv) and the
       SwiGLU kernel (decode_mlp), where those run as Pallas kernels: 'auto' (the default: 'inside' on a GPU where
-      the hidden size is at most model.AUTO_NORM_MAX_D, the shapes where it was measured faster; else 'xla') |
+      the hidden size is at most model.AUTO_NORM_MAX_D; else 'xla') |
       'xla' (XLA's norm fusion writes the normed rows, which the kernel reads) | 'fold' (the norm's scale folded
       into the kernel's weights, rounded once to the compute dtype; XLA computes only each row's fp32 1/rms, which
       the kernel multiplies its products by, and the kernel reads the raw residual) | 'inside' (as 'fold', but each
       kernel computes the rows' 1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for
       the norm). Elsewhere (XLA paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a
       folded copy of the weights of the kernels that run at the decode batch (for the 0.5B shape 0.47 GB in bf16)
-      while the decode loop runs (Qwen2.fold_decode_norms, once before it).
-      At 0.5B, batch 64, 'inside' with decode_out's kernel gained 1.9 % on an H200 and 2.2-2.5 % on an H100 (both
-      norm fusions of a layer go); on the H100 'inside' alone lost 0.6 % and 'fold' 1.8 % (BENCHMARKS.md
-      "Sampler", twenty-eighth session). The defaults since the thirty-seventh session.
+      while the decode loop runs (Qwen2.fold_decode_norms, once before it). With decode_out's kernel both norm
+      fusions of a layer go: +1.9 % decode tokens/s at the 0.5B shape, batch 64 (experiments/sampler_kernels).
   """
 
   vocab_size: int
@@ -298,7 +294,7 @@ def resolve_attention_impl(impl: str, compute_dtype: str) -> str:
   """'auto' -> 'cudnn' (flash attention) when JAX runs on a GPU in bf16/fp16, else 'xla'; other values pass.
 
   XLA's attention materialises [B, N, T, T] fp32 scores: at RL/SFT lengths (4-6k tokens) that is tens of GiB
-  per micro-batch on the GPU (an RL step ran out of memory this way on the H200, 2026-11-29).
+  per micro-batch, more than one GPU holds beside the learner's state.
   """
   if impl != "auto":
     return impl

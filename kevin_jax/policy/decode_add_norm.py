@@ -1,12 +1,11 @@
 """The residual add after a decode step's MLP and the next RMSNorm as one Pallas kernel (ModelConfig.decode_add_norm).
 
-In a decode step XLA ends each layer with two small kernels (BENCHMARKS.md "Sampler", twenty-third session, 0.5B
-shape at B = 64): a fusion that sums the down projection's fp32 partials (decode_mlp.down_partials: 19 of them,
-4.4 MB, ~1.3 us at copy bandwidth) into the residual stream, h + mlp (2.3 us), and the next layer's input RMSNorm
-(1.7 us, for 115 KB: launch and latency). Here one program per `block_m` rows does both: for each `block_d` slice
-of D it sums the partials, adds the residual and stores the new h, keeping the slice and the rows' sums of squares in
-registers; then it writes norm(h) = h / rms(h) * scale. The model passes norm(h) to the next layer (or as the
-final norm's output after the last), whose attention front then skips its own norm.
+In a decode step XLA ends each layer with two small kernels: a fusion that sums the down projection's fp32 partials
+(decode_mlp.down_partials) into the residual stream, h + mlp, and the next layer's input RMSNorm (115 KB at the 0.5B
+shape, B = 64: launch and latency). Here one program per `block_m` rows does both: for each `block_d` slice of D it
+sums the partials, adds the residual and stores the new h, keeping the slice and the rows' sums of squares in
+registers; then it writes norm(h) = h / rms(h) * scale. The model passes norm(h) to the next layer (or as the final
+norm's output after the last), whose attention front then skips its own norm.
 
 Numbers: the same roundings as the model's XLA path - the partials' sum rounded to h's dtype (down_proj's
 output), h + that sum rounded, then the norm in fp32 ((h * 1/rms) * scale, rounded once) - so in fp32 the two agree
@@ -15,11 +14,8 @@ tests/test_policy_decode_add_norm.py compares with the jnp expression in interpr
 lowering on the CPU; its GPU test runs the Triton kernel.
 
 Requirements (`supported`): D a multiple of 16. The norm is computed in fp32, so the model uses the kernel only
-with ModelConfig.fp32_upcast (as its RMSNorm then does).
-Measured slower on an H200 (0.5B shape, B = 64; BENCHMARKS.md "Sampler", twenty-sixth session), so 'xla' stays the
-default: bench_sampler with it ran 44,901 against 46,943 decode tok/s (-4.4 %, down projection in 4 splits), and
-with decode_down's earlier 19 splits 12 % slower (with decode_fusion and the unrolled merge). Its time alone
-(experiments/bench_decode_add_norm.py) is not yet measured.
+with ModelConfig.fp32_upcast (as its RMSNorm then does). Opt-in (ModelConfig.decode_add_norm 'xla' by default):
+-4.4 % decode tokens/s at the 0.5B shape, B = 64 (BENCHMARKS.md Sampler).
 """
 
 from __future__ import annotations

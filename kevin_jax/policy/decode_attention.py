@@ -11,49 +11,25 @@ Layout: grid (B, K, splits). Program (b, k, s) owns the slot range [s*S/splits, 
 k; it loops over the visible `block_k`-slot blocks of that range with an online softmax (fp32 running max, sum
 and accumulator) and writes its partial (acc, max, sum); a small XLA epilogue merges the splits (flash-decoding).
 Splitting S gives enough programs to fill the GPU at small batch; a split with nothing visible writes an empty
-partial that the merge weighs by zero. With `balance=True` the splits share the row's visible blocks instead (each
-an equal run of them, prompt blocks first): with fixed ranges, while the generated part is short, the splits over
-the prompt read whole ranges and those past it little or nothing. On an H100 (0.5B, B = 64, with
-decode_norm='inside' and decode_out='pallas') bench_sampler ran 43,292 against 42,874 decode tok/s (+1.0 %,
-thirtieth session) and 43,280 against 42,742 (+1.3 %, thirty-first), and on an H200 48,419 against 47,429 (+2.1 %,
-thirty-first), two runs each, every balanced run above every fixed-range run: the default (BALANCE). 8 balanced
-splits with 3 stages ran 41,181 on the H100 (-3.9 %).
+partial that the merge weighs by zero. With `balance=True` (BALANCE, the default) the splits share the row's
+visible blocks instead, each an equal run of them, prompt blocks first: with fixed ranges, while the generated
+part is short, the splits past the prompt read little or nothing (balanced: +2.1 % decode tokens/s at the 0.5B
+shape, B = 64, experiments/sampler_kernels). _TARGET_PROGRAMS and NUM_STAGES give 2 splits with 3 pipeline stages
+there (256 programs): +0.9 % over 4 splits with 2 stages (experiments/sampler_kernels).
 
-Splits and stages (thirty-second session, same setting): 2 balanced splits with 3 pipeline stages (256 programs at
-B = 64) against 4 with 2 stages ran +0.9 % and +1.0 % in two H100 calls and +0.9 % on an H200 (48,795 against
-48,368 decode tok/s), every 2-split run above every 4-split run in the H100 calls; 2 splits with 2 stages lost
-2.9 %, 4 splits with 3 stages lost 0.9 % (H100), 3 splits with 3 stages gained 0.7 % (H100). So _TARGET_PROGRAMS
-is 256 (2 splits at B = 64 with K = 2) and NUM_STAGES 3 (why 2 splits need the third stage is not measured; they
-halve the partials the merge reads, and each split walks twice as many blocks).
-
-With one split (`num_splits=1`: 128 programs at B = 64 on the 0.5B shape, each reading its row's whole visible
-cache) the kernel writes the normalized output in q's dtype itself: no fp32 partials and no merge fusion. With
-`padded=True` it returns decode_qkv's padded [B, K, G_pad, H] rows as written, which decode_oproj's `groups` reads
-without a slice before it. Its GPU tests pass (H100), but end to end it was slower in the same H100 call: 36,105
-decode tok/s with 2 stages, 42,766 with 4 and 42,110 with 128-slot blocks and 3 stages, against 42,874 with 4 splits
-(BENCHMARKS.md "Sampler", thirtieth session): 128 programs that each walk up to 32 blocks in turn do not hide the
-loads' latency, and the merge fusion it saves costs less. The default keeps _num_splits' choice (2 splits at B = 64
-with K = 2 KV heads).
+With one split (`num_splits=1`) the kernel writes the normalized output in q's dtype itself: no fp32 partials and
+no merge. With `padded=True` it returns decode_qkv's padded [B, K, G_pad, H] rows as written, which decode_oproj's
+`groups` reads without a slice before it. Not the default: one program per row and KV head, each walking the row's
+whole visible cache, does not hide the loads' latency, and the merge it saves costs less (BENCHMARKS.md Sampler).
 
 The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions over the split axis, which XLA
-runs as a fusion of its own (1.6 us per layer on the 0.5B shape at B = 64, BENCHMARKS.md "Sampler", twenty-third
-session); `merge='unrolled'` writes the same sums as a chain of elementwise ops over the splits' slices, which
-XLA's GEMM fusion may take into the o projection's operand, dropping that kernel. The two agree to fp32 rounding
-(tests). End to end on an H200 the unrolled merge gained nothing: bench_sampler at 0.5B, B = 64 ran 46,896 against
-46,943 decode tok/s with 'reduce' (BENCHMARKS.md "Sampler", twenty-sixth session), so 'reduce' stays the default.
-Merging inside the o projection kernel instead (each split's own output in bf16 and its log-sum-exp; the kernel
-weighed each split's product) was correct on an H100 but ran 40,968 against 43,689 decode tok/s (-6.2 %): the o
-kernel, loading two o slices and their log-sum-exps per head, grew by more than the merge fusion it removed
-(thirty-third session; reverted). So did merging in this kernel, by each row head's last split to finish (a
-barrier, then an atomic ticket; the last one read the partials back and wrote the normalized output): its GPU tests
-passed, but on an H100 it ran 43,594 against 45,544 decode tok/s (-4.3 %). In its profile the o projection
-(reading the padded output) took 7.3 us per layer against 5.4 in the thirty-fourth session's, and zeroing the
-tickets 1.0 us, against the fusion's 1.6 (thirty-sixth session, commit f461cf3; reverted).
+runs as a fusion of its own; `merge='unrolled'` writes the same sums as a chain of elementwise ops over the
+splits' slices, which XLA's GEMM fusion may take into the o projection's operand. The two agree to fp32 rounding
+(tests); 'unrolled' gained nothing end to end, and merging inside a kernel (this one's last split, or the o
+projection) lost (BENCHMARKS.md Sampler).
 
 A split walks its prompt blocks and then its generated blocks in one loop (the loop index mapped to either), so
-the loads' pipeline fills and drains once per program; with two loops a split holding both (split 1 of 2 for most
-of a decode) exposed one more load latency. On an H100 the one loop ran 44,604 against 44,452 decode tok/s (+0.3 %,
-within the runs' spread; thirty-third session).
+the loads' pipeline fills and drains once per program, not once per kind of block.
 
 `decode_attention` is exact softmax attention (fp32 scores and softmax, bf16 or fp32 matmul inputs as stored):
 tests/test_policy_decode_attention.py compares it with the masked einsum in interpret mode on the CPU, and
@@ -77,8 +53,8 @@ from kevin_jax.policy.decode_tiles import EXACT
 Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
-_TARGET_PROGRAMS = 256  # ~2 programs per SM (132 SMs): 2 splits at B = 64, K = 2 beat 4 (module docstring).
-NUM_STAGES = 3  # Pipeline stages of the K/V loads: with 2 splits, 3 beat 2 by 4.0 % (H100, thirty-second session).
+_TARGET_PROGRAMS = 256  # ~2 programs per SM (132 SMs): 2 splits at B = 64, K = 2 (module docstring).
+NUM_STAGES = 3  # Pipeline stages of the K/V loads: with 2 splits, 3 beat 2 (module docstring).
 BALANCE = True  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
 MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
 _MERGES = ("reduce", "unrolled")

@@ -16,15 +16,13 @@ sample_logits' path.
 
 The Gumbel noise is a counter-based hash of the row's per-step key (the two uint32 words of the threefry key that
 sample_logits would use) and the column (`hash_gumbel`): V draws per row cost a few integer multiplies each in
-registers, where jax.random's threefry over [64, V] was the step's largest non-GEMM kernel (62 us per step;
-BENCHMARKS.md "Sampler", ninth session). So for one seed this path draws other tokens than sample_logits (the same
-distribution: tests/test_policy_decode_head.py checks it by a chi-square test), and it is deterministic too.
+registers, where jax.random's threefry over [64, V] would be the step's largest non-GEMM kernel. So for one seed
+this path draws other tokens than sample_logits (the same distribution: tests/test_policy_decode_head.py checks it
+by a chi-square test), and it is deterministic too.
 
-Measured (BENCHMARKS.md "Sampler", twenty-seventh session; an H100, as no H200 came): alone, at the 0.5B shape and
-B = 64, the kernel took 149-151 us per call against 164-176 us for XLA's head + sample_logits (greedy: 139-140
-against 151-153), but bench_sampler's decode ran 1.1-1.5 % slower with it (41,376 and 41,023 against 41,850 and
-41,660 tok/s), and 1.1 % slower with XLA's GEMM + logits_stats (whose pass over the logits took longer than XLA's
-fusions: 177-187 us per call). So SamplerConfig.decode_head stays 'xla' by default.
+Opt-in (SamplerConfig.decode_head 'xla' by default): alone 10 % faster than XLA's head + sample_logits, but
+-1.1 to -1.5 % decode tokens/s at the 0.5B shape, B = 64 (BENCHMARKS.md Sampler); XLA's GEMM + logits_stats
+(`fuse_gemm` off) lost too.
 
 Numbers: fp32 accumulation, the logits rounded to the model's logits dtype (ModelConfig.fp32_upcast: fp32) before
 anything else, as model.logits does; `reference` is the same computation in jnp over the whole [B, V], and the
@@ -48,9 +46,8 @@ from kevin_jax.policy.decode_tiles import EXACT, pick_block
 
 Array = jax.Array
 _NEG = -1e30  # a masked logit, as sample_logits' (finite: a fully masked block gives no NaN)
-BLOCK_N = 32  # vocabulary columns per program at most: V = 151,936 gives 4,748 programs at 64 rows. On an H100 the
-              # kernel alone took 149 / 151 us with 32 columns, 168 / 169 with 64 and 225 with 128 (4 warps, 3
-              # stages), against 164-176 us for XLA's head + draw (BENCHMARKS.md "Sampler", twenty-seventh session)
+BLOCK_N = 32  # vocabulary columns per program at most: V = 151,936 gives 4,748 programs at 64 rows (alone faster
+              # than 64 or 128 columns)
 BLOCK_D = 128  # hidden dimension per loop iteration at most
 BLOCK_M = 64  # rows per program at most
 MAX_ROWS = 64  # SamplerConfig.decode_head='auto' uses the kernel up to this batch (each row block re-reads the

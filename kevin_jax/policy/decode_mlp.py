@@ -1,10 +1,9 @@
 """The front of the MLP in a decode step, silu(x @ W_gate) * (x @ W_up), as one Pallas kernel.
 
 In a decode step (one token per row) XLA runs the gate/up GEMM and the SwiGLU as two kernels: the GEMM writes
-[B, 2F] to memory and the SwiGLU kernel reads it back (BENCHMARKS.md, thirteenth session: 9.0 + 3.6 us per layer
-of the 0.5B shape at B = 64). Here program (i, j) owns rows [i*block_m, (i+1)*block_m) and columns
-[j*block_n, (j+1)*block_n) of both weight matrices: it loops over D in `block_d` slices, keeps the two fp32
-accumulators in registers, and writes silu(gate) * up once, in the input's dtype. The weights stay in their
+[B, 2F] to memory and the SwiGLU kernel reads it back. Here program (i, j) owns rows [i*block_m, (i+1)*block_m)
+and columns [j*block_n, (j+1)*block_n) of both weight matrices: it loops over D in `block_d` slices, keeps the two
+fp32 accumulators in registers, and writes silu(gate) * up once, in the input's dtype. The weights stay in their
 [D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
 matmul tiles); D and F must be multiples of 16 (`supported`). x comes normed (XLA's post-attention RMSNorm), or raw
 with the norm's scale folded into the weights and each row's 1/rms given (`inv_rms_B`) or computed here
@@ -15,10 +14,12 @@ Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
+ModelConfig.decode_mlp='auto' uses the kernel on a GPU up to AUTO_MAX_ROWS rows (+4.5 % decode tokens/s at the
+0.5B shape, B = 64; experiments/sampler_kernels).
+
 `down_proj`, the MLP's down projection split along F: ModelConfig.decode_down='auto' (the default) uses it on a GPU
-up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D. On an H200 it beat XLA's einsum at 64 rows on the 0.5B shape
-(alone 8.9 against 10.6 µs per layer; decode +5 %) but not at 256 rows, and on the 1.5B shape it tied XLA at best
-(BENCHMARKS.md "Sampler", 2026-12-04). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
+up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D (+5.1 % decode tokens/s at the 0.5B shape, B = 64;
+experiments/sampler_kernels). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
 """
 
 from __future__ import annotations
@@ -34,19 +35,17 @@ from kevin_jax.policy import decode_tiles
 from kevin_jax.policy.decode_tiles import pick_block
 
 Array = jax.Array
-BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs. Measured against 32 (152 programs):
-               # +1.2 % decode tokens/s (sixteenth session) and 2-3 % faster kernel alone (seventeenth; BENCHMARKS.md).
+BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs; faster than 32 columns (152
+               # programs) alone and end to end, and than 132 programs of 32-48 columns.
 BLOCK_D = 128  # D per loop iteration at most.
 # Both shrink by halves, down to 16 (Triton's matmul tiles), to the largest power of two dividing D or F.
 BLOCK_M = 64  # Rows per program at most (larger batches get more programs along the rows).
 FRONT_STAGES = 4  # Pipeline stages of the front on compute capability >= 9.0 where their buffers fit (front_stages:
-                  # 3 x 48 KB of bf16 x and weight slices at 64 x 128 do; fp32's 288 KB do not), else 3. At the
-                  # 0.5B shape, B = 64, norm inside, on an H100: alone 11.07 / 11.29 against 11.67 / 11.72 us per
-                  # layer with 3; bench_sampler +0.6 % (BENCHMARKS.md "Sampler", thirty-fourth session).
-SM90_SHARED_MEMORY = 232448  # bytes of shared memory a block may use on an H100 (Triton's "available" figure)
-AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: measured faster end to end
-                    # at 64 (BENCHMARKS.md, sixteenth session); not yet at 256, where each 64-row block re-reads
-                    # the weights and the first kernel-alone harness had it slower.
+                  # 3 x 48 KB of bf16 x and weight slices at 64 x 128 do; fp32's 288 KB do not), else 3. 4 against
+                  # 3: +0.6 % decode tokens/s at the 0.5B shape, B = 64 (experiments/sampler_kernels).
+SM90_SHARED_MEMORY = 232448  # bytes of shared memory a block may use on an H100 / H200 (Triton's "available" figure)
+AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: faster at 64 rows; at 256 each
+                    # 64-row block re-reads the weights and the kernel is slower than XLA's (BENCHMARKS.md Sampler).
 
 
 def supported(hidden: int, intermediate: int) -> bool:
@@ -122,25 +121,20 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
 
 # --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (ModelConfig.decode_down). ---
 # At 64 rows its output is only [64, D] (D = 896 at 0.5B): with whole-F columns per program there are D / block_n
-# programs, far fewer than the H200's 132 SMs, and XLA's GEMM read W_down at ~1.2 TB/s in the decode profile
-# (gemm_fusion_dot_267, 7.4 us per layer; BENCHMARKS.md, seventeenth session). Here program (i, j, s) sums F slice s
-# of the product into an fp32 partial [block_m, block_n]; XLA then adds the `splits` partials (a small reduction
-# that it can fuse with the residual add after the MLP). Summing them and adding the residual in this kernel instead,
-# by each output block's last split to finish (an atomic ticket), ran 43,679 against 45,544 decode tok/s on an H100
-# (-4.1 %): the kernel took 9.1 against 6.9 us per layer (thirty-fourth session's profile) and zeroing the tickets
-# 1.0, against the fusion's 1.5 (thirty-sixth session, commit f461cf3; reverted).
-SM_COUNT = 132  # H200 SMs: pick_splits' split count aims at >= this many programs.
+# programs, far fewer than the GPU's 132 SMs, and XLA's GEMM reads W_down well below the copy bandwidth. Here
+# program (i, j, s) sums F slice s of the product into an fp32 partial [block_m, block_n]; XLA then adds the
+# `splits` partials (a small reduction that it fuses with the residual add after the MLP). Summing them in this
+# kernel instead, by each output block's last split to finish, is slower (BENCHMARKS.md Sampler).
+SM_COUNT = 132  # SMs of an H100 / H200: pick_splits' split count aims at >= this many programs.
 AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
-                        # this: at 64 rows it beat XLA's einsum on the 0.5B shape (D = 896: 8.9 against 10.6 us per
-                        # layer) and only tied it on the 1.5B shape (D = 1,536: 13.8-15.8 against 14.0 us);
-                        # BENCHMARKS.md "Sampler", nineteenth and twenty-first sessions.
+                        # this: at 64 rows it beats XLA's einsum at D = 896 (0.5B), not at D = 1,536 (1.5B;
+                        # BENCHMARKS.md Sampler).
 
 
 DOWN_SPLITS = 4  # F splits by default, where they cut F into block_k multiples (else pick_splits), with DOWN_STAGES
-DOWN_STAGES = 5  # pipeline stages: at the 0.5B shape, B = 64, the kernel alone took 8.05 / 8.43 us per layer against
-                 # 8.68 / 8.74 with pick_splits' 19 splits and 3 stages (4.4 MB of fp32 partials for XLA's sum become
-                 # 0.9 MB); with decode_qkv's NUM_STAGES, bench_sampler ran 46,943 against 45,851 decode tok/s
-                 # (BENCHMARKS.md "Sampler", twenty-sixth session). Not measured at other shapes.
+DOWN_STAGES = 5  # pipeline stages: at the 0.5B shape, B = 64, pick_splits' 19 splits leave XLA 4.4 MB of fp32
+                 # partials to sum, 4 leave 0.9 MB; with decode_qkv's NUM_STAGES, +2.4 % decode tokens/s there
+                 # (experiments/sampler_kernels). Not measured at other shapes.
 
 
 def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int) -> int:

@@ -1,29 +1,25 @@
 """The attention's output projection and the residual add of a decode step as one Pallas kernel:
 h + o @ W_o ([B, N*H] x [N*H, D]) in h's dtype (ModelConfig.decode_out).
 
-In a decode step XLA runs the o projection as a GEMM split along N*H into fp32 partials (4.8 us per layer on the
-0.5B shape at B = 64), then one Triton fusion that sums them, adds the residual and computes the post-attention
-RMSNorm without storing the sum (2.5 us); the residual add after the MLP recomputes that sum (BENCHMARKS.md,
-thirteenth session). Here program (i, j) owns rows [i*block_m, ...) and columns [j*block_n, ...) of the output:
-it loops over N*H in `block_k` slices with an fp32 accumulator, adds the residual and writes h + o @ W_o once.
-The post-attention RMSNorm stays XLA's fusion: applied inside the MLP's Pallas front it made that kernel 19.1 us
-instead of 8.9 (BENCHMARKS.md "Sampler", twenty-third session).
+In a decode step XLA runs the o projection as a GEMM split along N*H into fp32 partials, then one Triton fusion
+that sums them, adds the residual and computes the post-attention RMSNorm without storing the sum; the residual
+add after the MLP recomputes that sum. Here program (i, j) owns rows [i*block_m, ...) and columns [j*block_n, ...)
+of the output: it loops over N*H in `block_k` slices with an fp32 accumulator, adds the residual (loaded before the
+loop) and writes h + o @ W_o once. The post-attention RMSNorm is not here: XLA's fusion applies it, or, with
+ModelConfig.decode_norm 'fold' or 'inside', the SwiGLU kernel that reads this output.
 
-With `groups` the kernel takes decode_attention's padded output [B, K, G_pad, H] as it is (the model passes it when
-the attention is the Pallas kernel) and loops over the real heads one H-wide slice at a time, so no XLA slice of
-the attention's output runs before it (twenty-ninth session; not yet measured on a GPU).
+With `groups` the kernel takes decode_attention's padded output [B, K, G_pad, H] as it is (one attention split:
+decode_attention's `padded`) and loops over the real heads one H-wide slice at a time, so no XLA slice of the
+attention's output runs before it.
 
 Numbers: fp32 accumulation and residual add, one rounding (XLA's path rounds o @ W_o to the compute dtype before
 the add). tests/test_policy_decode_oproj.py compares with a float64 reference in interpret mode (fp32) and checks
-the Triton lowering on the CPU; its GPU test compares on the GPU. On an H200 (0.5B shape, B = 64) the kernel
-takes 5.6 us, but with it the decode step was 1.2 % slower than without it. With the norms inside the q/k/v and
-SwiGLU kernels too (ModelConfig.decode_norm 'inside') the step gained 1.9 % on an H200 (twenty-eighth session), so
-decode_out 'auto' (the default) runs the kernel only there.
+the Triton lowering on the CPU; its GPU test compares on the GPU.
 
-Block shapes (thirty-third session, H100, 0.5B shape, B = 64, the kernel alone): its time is mostly not its loop
-(5.0-5.5 us with 7 steps of 128, 5.9 with 14 of 64, 8.4 with 28 of 32) nor its program count (5.3 us with 32-row
-blocks, 112 programs; 6.1 with 16-row ones, 224). End to end 32-row blocks ran +0.4 % and 16-row ones -0.7 %,
-within the runs' spread: BLOCK_M stays 64.
+ModelConfig.decode_out 'auto' runs the kernel only where the q/k/v and SwiGLU kernels apply the norms inside: then
+both norm fusions of a layer go (+1.9 % decode tokens/s at the 0.5B shape, B = 64, experiments/sampler_kernels);
+with XLA's norms the kernel made the step slower (BENCHMARKS.md Sampler). Its time is mostly a fixed cost per
+kernel (longer loops are slower; more programs, in 32- or 16-row blocks, were no faster), so BLOCK_M is 64.
 """
 
 from __future__ import annotations

@@ -2,12 +2,11 @@
 biases, the rotary embedding of q and k, the write of the new k and v into the KV cache, and q laid out for
 decode_attention.
 
-In a decode step XLA runs this as five kernels per layer (BENCHMARKS.md, thirteenth session, 0.5B shape at
-B = 64): the RMSNorm (1.7 us), the q/k/v GEMM split along D into fp32 partials (5.4 us), then three fusions that
-each sum the partials and add the bias: q's with RoPE and the pad to 16 rows per KV head (1.9 us), k's with RoPE
-and the cache write (1.7 us), v's with the cache write (1.3 us). 11.9 us for 2 MB of weights. Here every program
-owns `block_w` columns of one head's first half and the same columns of its second half (the rotate-half pairs),
-so RoPE is done in registers on the fp32 accumulators:
+In a decode step XLA runs this as five kernels per layer: the RMSNorm, the q/k/v GEMM split along D into fp32
+partials, then three fusions that each sum the partials and add the bias: q's with RoPE and the pad to 16 rows per
+KV head, k's with RoPE and the cache write, v's with the cache write. Here every program owns `block_w` columns of
+one head's first half and the same columns of its second half (the rotate-half pairs), so RoPE is done in registers
+on the fp32 accumulators:
 - programs [0, N * per_head) are q's heads, the next K * per_head k's, the last K * per_head v's
   (per_head = head_dim / 2 / block_w);
 - each loops over D in `block_d` slices with two fp32 accumulators [block_m, block_w] (decode_tiles.dot_pair);
@@ -25,24 +24,18 @@ exact dots), checks that the kernel lowers to Triton, and (marker gpu) compares 
 Requirements (`supported`): head_dim / 2 a multiple of block_w, D a multiple of 16, and the batch a multiple of
 16 (row blocks are powers of two >= 16 that divide it: no masked rows).
 
-Measured on an H200 (0.5B shape, B = 64; BENCHMARKS.md "Sampler", twenty-third session): alone, XLA's norm + this
-kernel took 10.5-10.8 us per layer against 12.2-13.8 us for XLA's whole path, and the decode step ran 48.7k
-against 47.0k tokens/s, so ModelConfig.decode_qkv='auto' uses it. A version with the norm inside took 19-21 us:
-multiplying the x slice by the norm scale before the dots is what costs (experiments/bench_decode_norm.py).
+ModelConfig.decode_qkv='auto' uses the kernel (+3.6 % decode tokens/s at the 0.5B shape, B = 64;
+experiments/sampler_kernels). The norm comes from XLA's fusion before it, or from the kernel itself
+(ModelConfig.decode_norm): from the Gram matrix of the x slices, never by scaling x before the dots
+(decode_tiles.dot_pair). The epilogue's loads (the slot, the biases, cos/sin) are issued before the dot loop, so
+their latency overlaps the loop's.
 
-The epilogue's loads (the slot, the biases, cos/sin) are issued before the dot loop, so their latency overlaps the
-loop's: with the o projection kernel's residual loaded early too, the kernel took 7.2 against 7.8 us per layer in
-the decode step and bench_sampler ran 44,371 against 43,973 decode tok/s (+0.9 %, H100, thirty-third session).
-
-The prefetch (thirty-fifth session): the attention kernel that runs next is bound by its cache reads (~50 MB per
-layer at B = 64), while this kernel's 36 programs leave most SMs and most of the memory bandwidth idle. Extra
-programs (one per row, KV head and attention split) load the first PREFETCH_BLOCKS blocks of each split's share of
-the cache into L2. On an H100 (0.5B shape, B = 64, decode_norm 'inside', decode_out 'pallas'), 4 blocks (16.8 MB
-per layer) took the attention from 21.0 to 18.1 us per layer but this kernel from 7.3 to 10.9 (12.0 when the loads
-were held in registers instead of feeding dots); 2 blocks ran bench_sampler +0.4 %, +0.4 % and +0.6 % in three
-calls (45,432 against 45,171 decode tok/s in the last; every 2-block run above every run without), 3 blocks -1.1 %,
-4 blocks -1.4 % and -3.0 % (BENCHMARKS.md "Sampler", thirty-fifth session). The outputs do not change (tests, in
-interpret mode and on the GPU).
+The prefetch: the attention kernel that runs next is bound by its cache reads (~50 MB per layer at B = 64), while
+this kernel's 36 programs leave most SMs and most of the memory bandwidth idle. Extra programs (one per row, KV head
+and attention split) load the first PREFETCH_BLOCKS blocks of each split's share of the cache into L2, so that the
+attention finds them there. 2 blocks: +0.6 % decode tokens/s at the 0.5B shape, B = 64
+(experiments/sampler_kernels); more cost this kernel more than they save the attention (BENCHMARKS.md Sampler). The
+outputs do not change (tests, in interpret mode and on the GPU).
 """
 
 from __future__ import annotations
@@ -64,12 +57,11 @@ BLOCK_W = 16  # Columns of each half-head per program (Triton's smallest matmul 
 BLOCK_D = 128  # D per loop iteration at most.
 BLOCK_M = 64  # Rows per program at most.
 MAX_ROWS = 64  # 'auto' uses the kernel up to this batch (each row block re-reads the weights).
-PREFETCH_BLOCKS = 2  # qkv_rope_cache's prefetch: the attention's first cache blocks per split (0: off). At the
-                     # 0.5B shape, B = 64, on an H100: +0.4 to +0.6 % end to end with 2 (8.4 MB per layer), -1.1 %
-                     # with 3, -1.4 % with 4 (module docstring)
-PREFETCH_EVICT = None  # its loads' L2 eviction policy (None: the default; 'evict_last' lost 0.5 % more with 4 blocks)
-NUM_STAGES = 5  # Pipeline stages: alone at the 0.5B shape, B = 64, 10.00 us per layer against 10.74 with 3 (7 took
-                # 10.21); end to end with decode_mlp's DOWN_SPLITS (BENCHMARKS.md "Sampler", twenty-sixth session).
+PREFETCH_BLOCKS = 2  # qkv_rope_cache's prefetch: the attention's first cache blocks per split (0: off); 8.4 MB per
+                     # layer at the 0.5B shape, B = 64 (module docstring)
+PREFETCH_EVICT = None  # its loads' L2 eviction policy (None: the default; 'evict_last' was slower)
+NUM_STAGES = 5  # Pipeline stages: 7 % faster alone than 3 at the 0.5B shape, B = 64; with decode_mlp's DOWN_SPLITS
+                # +2.4 % decode tokens/s there (experiments/sampler_kernels).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +99,8 @@ def _prefetch_blocks(kc_ref, vc_ref, lens_ref, sink_ref, row0, t, kv_heads: int,
 
   def body(u, acc):
     # The loads feed dots, so that Triton pipelines them (num_stages) through shared memory, as the attention's
-    # own: with the loads held in registers instead (all issued first, then their max), the q/k/v kernel took
-    # 12.0 against 7.3 us per layer for 4 blocks (H100, thirty-fifth session).
+    # own: held in registers instead (all issued first, then their max), 4 blocks took this kernel 12.0 against
+    # 10.9 us per layer at the 0.5B shape, B = 64.
     blk = split_block(plen, glen, s, u, pf.splits, pf.block_k, pf.gen_start)
     ks = pl.ds(pl.multiple_of(blk * pf.block_k, pf.block_k), pf.block_k)
     for ref in (kc_ref, vc_ref):

@@ -62,12 +62,11 @@ def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None,
   both products are multiplied by each row's 1/rms, read from the ref or computed here as rsqrt(mean(x^2) +
   rms_eps) from the rows' sums of squares.
 
-  The x slice goes to the dots as it is loaded: a kernel that multiplied it by an RMSNorm scale first (to apply
-  the norm inside, r * ((x * scale) @ W)) took about twice as long on an H200 (19-21 against 9-11 us per layer;
-  BENCHMARKS.md "Sampler", twenty-third session). The sums of squares come from the Gram matrix x x^T, one more dot
-  of the slice as loaded, whose diagonal they are, so the slice stays a dot operand only. That session's one
-  variant that squared the loaded slice elementwise in the loop gave a wrong result on the GPU (relative error
-  0.12; the cause was not found); the Gram version passes the GPU tests (tests/test_policy_decode_norm.py).
+  The x slice goes to the dots as it is loaded: multiplying it by an RMSNorm scale first (r * ((x * scale) @ W))
+  doubles a kernel's time (BENCHMARKS.md Sampler). The sums of squares come from the Gram matrix x x^T, one more
+  dot of the slice as loaded, whose diagonal they are, so the slice stays a dot operand only: squaring the loaded
+  slice elementwise in the loop gave wrong sums on the GPU (relative error 0.12, cause unknown), the Gram version
+  passes the GPU tests (tests/test_policy_decode_norm.py).
   """
   m, d = x_ref.shape
   sumsq = rms_eps is not None

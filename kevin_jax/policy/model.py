@@ -37,16 +37,15 @@ cfg.decode_attention use the Pallas kernel that reads only those slots. The samp
 bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
 padding slots [length, P).
 In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
-policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection,
-RoPE and cache write may run as one after XLA's input RMSNorm (cfg.decode_qkv, policy/decode_qkv.py; with the
-Pallas attention it also loads the cache blocks that kernel reads first into L2), and its o
-projection with the residual add as another (cfg.decode_out, policy/decode_oproj.py), and the residual add after the
-MLP with the next layer's input norm as a third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then
-takes that normed input). So Attention and MLP take the residual stream and their norm. With cfg.decode_norm 'fold'
-or 'inside' ('auto', the default, is 'inside' on a GPU up to AUTO_NORM_MAX_D) the q/k/v and SwiGLU kernels take
-the raw residual and apply their norm as 1/rms on their products, the norm's scale folded into their weights
-(Qwen2.fold_decode_norms, which the sampler runs once before its decode loop). Multi-token calls, and so every
-gradient, use the einsums.
+policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection, RoPE
+and cache write may run as one (cfg.decode_qkv, policy/decode_qkv.py; with the Pallas attention it also loads the
+cache blocks that kernel reads first into L2), and its o projection with the residual add as another
+(cfg.decode_out, policy/decode_oproj.py), and the residual add after the MLP with the next layer's input norm as a
+third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then takes that normed input). So Attention
+and MLP take the residual stream and their norm. With cfg.decode_norm 'fold' or 'inside' ('auto', the default, is
+'inside' on a GPU up to AUTO_NORM_MAX_D) the q/k/v and SwiGLU kernels take the raw residual and apply their norm as
+1/rms on their products, the norm's scale folded into their weights (Qwen2.fold_decode_norms, which the sampler runs
+once before its decode loop). Multi-token calls, and so every gradient, use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -228,7 +227,7 @@ def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array,
 def _wide_out_matmul(spec: str, a: Array, b: Array, out_dtype) -> Array:
   """einsum(spec, a, b) with out_dtype results (fp32 accumulation); for bf16 inputs and fp32 out, the backward
   pass casts the fp32 cotangent to bf16 first, so both gradient matmuls run on bf16 tensor cores (JAX's
-  default transpose would promote them to fp32 GEMMs: ~9% of a 1.5B learner step on the H200, 2026-12-01)."""
+  default transpose would promote them to fp32 GEMMs: BENCHMARKS.md Learner step, tried and lost)."""
   if a.dtype == out_dtype or a.dtype != b.dtype:
     return jnp.einsum(spec, a, b, preferred_element_type=out_dtype)
   return _bf16_grad_matmul(spec, out_dtype, a, b)
@@ -254,10 +253,9 @@ def _bf16_grad_matmul_bwd(spec, out_dtype, res, g):
 _bf16_grad_matmul.defvjp(_bf16_grad_matmul_fwd, _bf16_grad_matmul_bwd)
 
 
-AUTO_NORM_MAX_D = 1024  # ModelConfig.decode_norm='auto' is 'inside' on a GPU up to this hidden size: with the o
-                        # projection kernel it gained 1.9 % on an H200 at the 0.5B shape (D = 896), batch 64; the
-                        # folded weights it keeps while decoding are 0.47 GB there. At the 1.5B shape (D = 1,536),
-                        # batch 64, it ran 0.999x XLA's norms on an H100 (2026-12-06); larger shapes keep 'xla'.
+AUTO_NORM_MAX_D = 1024  # ModelConfig.decode_norm='auto' is 'inside' on a GPU up to this hidden size: it pays at
+                        # the 0.5B shape (D = 896; its folded weights take 0.47 GB while decoding), not at the 1.5B
+                        # shape (D = 1,536: 0.999x XLA's norms, BENCHMARKS.md Sampler), so larger ones keep 'xla'.
 
 
 def decode_norm_impl(cfg: ModelConfig) -> str:
@@ -356,7 +354,7 @@ class Attention(nnx.Module):
         x_BxD, kernel_norm = x_BxTxD[:, 0], norm
       else:
         # With decode_norm='xla' the norm is XLA's fusion before the kernel: multiplying x by the scale inside the
-        # kernel (before the dots) made it slower than that (BENCHMARKS.md "Sampler", twenty-third session).
+        # kernel (before the dots) is slower than that (BENCHMARKS.md Sampler).
         x_BxD, kernel_norm = (norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD)[:, 0], None
       o_BxKxGxH, new_kv = self._fused_decode(x_BxD, positions_BxT, cache_kv, interpret=qkv == "interpret",
                                              norm=kernel_norm, padded=out != "xla")
@@ -551,10 +549,10 @@ class Qwen2(nnx.Module):
     q/k/v weights and its post-attention norm scale into its gate/up weights (RMSNorm.fold: one rounding to the
     parameter dtype), and those scales set to one. The model computes the same function up to that rounding, and
     a decode step with cfg.decode_norm 'fold' or 'inside' then multiplies by 1/rms only. The sampler calls it once
-    before its decode loop: folding inside each step re-read and re-wrote those weights every step, as XLA did not
-    hoist the fold out of the loop (0.5B decode 22 % slower on an H100, BENCHMARKS.md "Sampler"). rows: fold only
-    the norms whose Pallas kernel runs in a decode step of that many rows (XLA's paths apply the norm themselves),
-    so no weights are copied for nothing; None: all."""
+    before its decode loop: folded inside each step, the weights would be re-read and re-written every step (XLA
+    does not hoist the fold out of the loop; BENCHMARKS.md Sampler). rows: fold only the norms whose Pallas kernel
+    runs in a decode step of that many rows (XLA's paths apply the norm themselves), so no weights are copied for
+    nothing; None: all."""
     for layer in self.layers:
       attn, mlp = layer.attn, layer.mlp
       qkv_runs = rows is None or _decode_qkv_impl(self.cfg, rows) != "xla"

@@ -5,13 +5,12 @@ chunks of sampler._chunked: C = min(chunks, V // 256) of width W = ceil(V / C), 
 - m_raw = max x and s_raw = sum exp(x - m_raw) (the raw log-sum-exp: log_softmax(x)[token], the GRPO log-prob);
 - m_masked = max z, z = x with the columns >= valid_vocab set to NEG, and s_scaled = sum exp(z / T -
   m_masked / T) (the sampled distribution's log-sum-exp and the chunk masses of the two-stage Gumbel draw).
-XLA computes them in three passes over the logits (the chunk maxima, then each distribution's sums of exp): 15 +
-11.8 + 11.2 us per step at B = 64, V = 151,936 on an H100 (BENCHMARKS.md "Sampler", thirty-third session's
-profile). Here program (i, c) walks chunk c of rows [i*block_m, (i+1)*block_m) in tiles of block_n columns once,
+XLA computes them in three passes over the logits (the chunk maxima, then each distribution's sums of exp). Here
+program (i, c) walks chunk c of rows [i*block_m, (i+1)*block_m) in tiles of block_n columns once,
 keeping running maxima and sums rescaled to them (online softmax), and writes the four [block_m] results: one read
 of the logits instead of three. By default a program takes one row's chunk in one tile (1 x 8,192 columns, 4,748
-of them the chunk's). Measured on an H100 (BENCHMARKS.md "Sampler", thirty-fourth session): 24.1 us per decode
-step in a profile; the whole draw 33 against 48 us with XLA's passes; bench_sampler +0.2 % alone.
+of them the chunk's). Alone the whole draw takes about two thirds of its time with XLA's passes; end to end +0.2 %
+decode tokens/s at the 0.5B shape, B = 64 (experiments/sampler_kernels).
 
 Numbers: fp32, with exp((z - m_masked) * (1 / T)) for XLA's exp(z / T - m_masked / T) (a multiply per element, not
 a division and a second rounding), another order of summation, and each sum rescaled when its running maximum

@@ -72,9 +72,7 @@ _FINISH = ("length", "eos", "stop")
 _NEG = sample_stats.NEG  # masked logit (finite, so softmax of an all-masked row cannot make NaNs)
 _DECODE_HEAD = ("xla", "auto", "pallas", "interpret")
 _STATS = ("xla", "auto", "pallas", "interpret")
-STATS = "auto"  # sample_logits' default `stats`: the one-pass kernel on a GPU. On an H100 (0.5B, B = 64, T = 0.9) it
-               # took 24.1 us per decode step in a profile, where XLA's three passes took 15 + 11.8 + 11.2; with the
-               # front's 4 stages, bench_sampler +0.9 % (BENCHMARKS.md "Sampler", thirty-fourth session)
+STATS = "auto"  # sample_logits' default `stats`: the one-pass kernel on a GPU (policy/sample_stats.py)
 TRACE_COUNT = {"generate": 0}  # incremented when _prefill or _decode_loop is traced (tests assert no recompilation)
 
 
@@ -91,18 +89,15 @@ class SamplerConfig:
       gumbel_sample_rows); 1 = one-stage row reductions (one thread block per row) and V Gumbel draws per row.
     decode_fusion: compile the decode loop (only it) with XLA's multi-output Triton fusions
       (DECODE_FUSION_OPTIONS), which can merge a decode layer's residual add with the next RMSNorm; the prefill
-      and every other compilation of the process keep XLA's defaults. Opt-in: as a process-wide XLA flag it gave
-      +2.5 % (fourteenth session); on top of the twenty-sixth session's decode kernels it gave +0.3 % in
-      bench_sampler (47,098 against 46,943 tok/s at 0.5B, B = 64), within the 0.8 % between two runs of one setting
-      (BENCHMARKS.md "Sampler"). tests/test_policy_gpu.py passes with it.
+      and every other compilation of the process keep XLA's defaults. Opt-in: with the decode kernels it gains
+      +0.3 %, within the runs' spread (BENCHMARKS.md Sampler). tests/test_policy_gpu.py passes with it.
     decode_head: the LM head and the draw, in prefill and decode steps: 'xla' (the default: the head's GEMM writes
       the [B, V] logits, then sample_logits) | 'auto' (the one Pallas kernel of policy/decode_head.py on a GPU, for
       batches of at most decode_head.MAX_ROWS rows, where its shape rule holds, else 'xla') | 'pallas' |
       'interpret' (CPU tests). The kernel does temperature sampling and greedy decoding only: with top_k > 0 or
       top_p < 1 every setting takes the 'xla' path. It draws its Gumbel noise from a hash of the same per-row
-      keys, so for one seed it samples other tokens than 'xla' does, from the same distribution. Opt-in: on an H100
-      it made bench_sampler's decode 1.1-1.5 % slower at 0.5B, B = 64, though 10 % faster than XLA's head + draw
-      alone (BENCHMARKS.md "Sampler", twenty-seventh session).
+      keys, so for one seed it samples other tokens than 'xla' does, from the same distribution. Opt-in: -1.1 to
+      -1.5 % decode tokens/s at the 0.5B shape, B = 64 (BENCHMARKS.md Sampler).
   """
   batch_size: int = 64
   prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
@@ -159,7 +154,7 @@ def argmax_rows(x_BxV: Array, chunks: int = 32) -> Array:
   """jnp.argmax(x_BxV, axis=-1) (int32), computed in two stages: the first index of each of `chunks` column
   chunks' maximum, then of the chunks' maxima. Same result, ties and NaNs included (first index of the first
   maximum). A one-stage row reduction gives each of the B rows one thread block, so a decode step's [64, 151936]
-  Gumbel-argmax kept only 64 of the H200's 132 SMs busy (65 us per step, 2026-12-01 profile)."""
+  argmax would keep only 64 of a GPU's 132 SMs busy."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     return jnp.argmax(x_BxV, axis=-1).astype(jnp.int32)
@@ -211,13 +206,13 @@ def _chunk_stats(x_BxCxW: Array, m_BxC: Array | None = None) -> tuple[Array, Arr
 
 def gumbel_sample_rows(x_BxV: Array, keys_B: Array, chunks: int = 32, m_BxC: Array | None = None,
                        s_BxC: Array | None = None) -> Array:
-  """One draw per row from softmax(x_BxV) (int32), by Gumbel-argmax in two stages: a column chunk c with
-  probability S_c / S (Gumbel-argmax over the chunks' log-masses log S_c), then a token j of it with probability
-  exp(x_j) / S_c (Gumbel-argmax within the chunk), so P(j) = exp(x_j) / S exactly. That takes C + W Gumbel
-  draws per row instead of V: generating [64, 151936] threefry Gumbels was the decode step's largest non-GEMM
-  kernel (62 us per step, 2026-12-02 profile). chunks < 2 (or V < 512): the one-stage draw. Rows must have a
-  finite maximum (logits do; masked entries are finite _NEG). m_BxC (and s_BxC): the chunk maxima (and sums of
-  exp), if the caller has them."""
+  """One draw per row from softmax(x_BxV) (int32), by Gumbel-argmax in two stages: a column chunk c with probability
+  S_c / S (Gumbel-argmax over the chunks' log-masses log S_c), then a token j of it with probability exp(x_j) /
+  S_c (Gumbel-argmax within the chunk), so P(j) = exp(x_j) / S exactly. That takes C + W Gumbel draws per row
+  instead of V: generating [64, 151936] threefry Gumbels would be the decode step's largest non-GEMM kernel (two
+  stages: +3.1 % decode tokens/s, experiments/sampler_kernels). chunks < 2 (or V < 512): the one-stage draw. Rows
+  must have a finite maximum (logits do; masked entries are finite _NEG). m_BxC (and s_BxC): the chunk maxima (and
+  sums of exp), if the caller has them."""
   x_BxCxW = _chunked(x_BxV, chunks)
   if x_BxCxW is None:
     v = x_BxV.shape[-1]
