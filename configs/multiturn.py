@@ -91,7 +91,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.gamma = 0.4  # Turn discount: R_t = sum_{i>=t} gamma^(i-t) s_i [P §2 "Aggregation", best: sum, 0.4].
   c.rl.return_mode = "sum"  # Turn-return aggregation: sum | max [P §2].
   c.rl.adv_std_normalize = True  # Divide advantages by the per-task std [P eq. 1]; False = Dr. GRPO style.
-  c.rl.adv_baseline = "mean"  # Per-task baseline over the m*n turn-samples: mean | leave_one_out.
+  c.rl.adv_baseline = "mean"  # Baseline of a turn-sample's advantage: mean | leave_one_out over the task's m*n
+  #   turn-samples [P eq. 1] | trloo: the mean return of the task's other trajectories at the same turn (turn-level
+  #   leave-one-out, Dr. Kernel arXiv 2602.05885; use with adv_std_normalize=False for its unscaled form).
   c.rl.adv_eps = 1e-6  # Added to the std before dividing (all-equal groups get advantage 0).
   c.rl.negative_scale = 1.0  # Multiplier of negative advantages: 1 = GRPO [P eq. 1]; 0 = push only the
   #   above-baseline samples up (an ablation: experiments/toy_memorizer).

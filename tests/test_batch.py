@@ -34,6 +34,43 @@ def test_turn_returns_and_task_groups_with_negative_scale():
   np.testing.assert_allclose(adv_scaled, np.where(want_a < 0, 0.2 * want_a, want_a)[order], rtol=1e-5)
 
 
+def test_trloo_baseline_is_the_same_turn_of_the_other_trajectories():
+  # Task a, three trajectories x two turns, scores (1, 2), (0, 4), (3, 0); gamma 0.5, sum: returns
+  # traj0 = [1 + 0.5*2, 2] = [2, 2], traj1 = [0 + 0.5*4, 4] = [2, 4], traj2 = [3, 0].
+  # TRLOO (Dr. Kernel): A_{i,t} = R_{i,t} - mean_{j != i} R_{j,t}, per task and turn.
+  #   turn 0: returns 2, 2, 3 -> 2 - 2.5, 2 - 2.5, 3 - 2 = -0.5, -0.5, 1
+  #   turn 1: returns 2, 4, 0 -> 2 - 2, 4 - 1, 0 - 3 = 0, 3, -3
+  # Task b (one trajectory) has no other trajectory: advantage 0.
+  turns = [_turn("a", 0, 0, 1.0), _turn("a", 0, 1, 2.0), _turn("a", 1, 0, 0.0), _turn("a", 1, 1, 4.0),
+           _turn("a", 2, 0, 3.0), _turn("a", 2, 1, 0.0), _turn("b", 3, 0, 5.0), _turn("b", 3, 1, 1.0)]
+  order = [3, 6, 0, 5, 1, 7, 2, 4]
+  cfg = grpo.GRPOConfig(gamma=0.5, adv_baseline="trloo", adv_std_normalize=False)
+  returns, adv = turn_advantages([turns[i] for i in order], cfg)
+  np.testing.assert_allclose(returns, np.array([2, 2, 2, 4, 3, 0, 5.5, 1])[order], rtol=1e-6)
+  want = np.array([-0.5, 0.0, -0.5, 3.0, 1.0, -3.0, 0.0, 0.0])
+  np.testing.assert_allclose(adv, want[order], rtol=1e-6, atol=1e-6)
+  # With std normalisation, each (task, turn) group is divided by its own unbiased std:
+  # turn 0 returns (2, 2, 3): std sqrt(1/3); turn 1 returns (2, 4, 0): std 2.
+  _, adv_std = turn_advantages([turns[i] for i in order], grpo.GRPOConfig(gamma=0.5, adv_baseline="trloo",
+                                                                           adv_eps=1e-12))
+  want_std = want / np.array([math.sqrt(1 / 3), 2, math.sqrt(1 / 3), 2, math.sqrt(1 / 3), 2, 1, 1])
+  np.testing.assert_allclose(adv_std, want_std[order], rtol=1e-5, atol=1e-6)
+  # The paper's estimator on the same turns differs: one group per task over all six turn-samples.
+  _, adv_mean = turn_advantages(turns, grpo.GRPOConfig(gamma=0.5, adv_std_normalize=False))
+  np.testing.assert_allclose(adv_mean[:6], np.array([2, 2, 2, 4, 3, 0]) - 13 / 6, rtol=1e-5)
+
+
+def test_absent_turns_stay_out_of_every_group():
+  # Trajectory 1 of task a has only its first turn: its absent second cell must not pull task a's mean to 0.
+  turns = [_turn("a", 0, 0, 1.0), _turn("a", 0, 1, 1.0), _turn("a", 1, 0, 3.0)]
+  cfg = grpo.GRPOConfig(gamma=0.0, adv_std_normalize=False)
+  returns, adv = turn_advantages(turns, cfg)
+  np.testing.assert_allclose(returns, [1.0, 1.0, 3.0])
+  np.testing.assert_allclose(adv, np.array([1.0, 1.0, 3.0]) - 5 / 3, rtol=1e-6)
+  _, adv_t = turn_advantages(turns, grpo.GRPOConfig(gamma=0.0, adv_std_normalize=False, adv_baseline="trloo"))
+  np.testing.assert_allclose(adv_t, [1.0 - 3.0, 0.0, 3.0 - 1.0], rtol=1e-6)
+
+
 def test_shuffle_advantages_is_a_seeded_permutation():
   turns = [_turn(t, i, k, float(s)) for i, (t, s) in enumerate([("a", 0), ("a", 1), ("b", 3), ("b", 0), ("c", 2),
                                                                  ("c", 0)]) for k in range(2)]

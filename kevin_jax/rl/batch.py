@@ -20,18 +20,21 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig, seed: int = 0) 
   """(returns, advantages), one value per turn in `turns` order.
 
   Trajectories are grouped by task id; returns use `cfg.gamma`/`cfg.return_mode`, advantages
-  `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task, then `cfg.negative_scale`.
+  `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task (per task and turn with
+  `adv_baseline='trloo'`: grpo.advantage_groups), then `cfg.negative_scale`.
   With `cfg.shuffle_advantages` (a null control) the advantages are then permuted across all turns (`seed`).
   """
-  rows, cols, _ = matrix_index(turns)
+  rows, cols, shape = matrix_index(turns)
   scores_NxT = to_matrix(turns, lambda t: t.score)
   returns_NxT = np.asarray(grpo.discounted_returns(scores_NxT, cfg.gamma, cfg.return_mode))
   task_index = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in turns))}
-  # Every turn-sample of a trajectory belongs to its task's group.
-  groups_NxT = to_matrix(turns, lambda t: task_index[t.task_id]).astype(np.int32)
+  present_NxT = np.zeros(shape, bool)
+  present_NxT[rows, cols] = True
+  groups_NxT, num_groups = grpo.advantage_groups(to_matrix(turns, lambda t: task_index[t.task_id]), present_NxT,
+                                                 len(task_index), per_turn=cfg.adv_baseline == "trloo")
+  baseline = "leave_one_out" if cfg.adv_baseline == "trloo" else cfg.adv_baseline
   adv_NxT = np.asarray(grpo.group_advantages(returns_NxT, groups_NxT, std_normalize=cfg.adv_std_normalize,
-                                             baseline=cfg.adv_baseline, eps=cfg.adv_eps,
-                                             num_groups=len(task_index)))
+                                             baseline=baseline, eps=cfg.adv_eps, num_groups=num_groups))
   adv_NxT = np.asarray(grpo.scale_negatives(adv_NxT, cfg.negative_scale))
   advantages = adv_NxT[rows, cols].astype(np.float32)
   if cfg.shuffle_advantages:

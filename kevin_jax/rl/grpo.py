@@ -21,9 +21,11 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 RETURN_MODES = ("sum", "max")
 BASELINES = ("mean", "leave_one_out")
+ADV_BASELINES = BASELINES + ("trloo",)  # GRPOConfig.adv_baseline: trloo = leave-one-out per (task, turn) group.
 LOSS_AGGS = ("token_mean", "seq_mean", "constant")
 KL_ESTIMATORS = ("k1", "k3")
 
@@ -34,7 +36,8 @@ class GRPOConfig:
   gamma: float = 0.4  # Turn discount; sum with 0.4 scaled best over 8 turns [P §2 "Aggregation"].
   return_mode: str = "sum"  # sum | max turn-return aggregation [P §2].
   adv_std_normalize: bool = True  # Divide by the per-task std [P eq. 1]; False = Dr. GRPO.
-  adv_baseline: str = "mean"  # mean | leave_one_out, over the task's m*n turn-samples [P §1].
+  adv_baseline: str = "mean"  # mean | leave_one_out over the task's m*n turn-samples [P §1]; trloo = turn-level
+  #   leave-one-out: the mean return of the task's other trajectories at the same turn (Dr. Kernel, arXiv 2602.05885).
   adv_eps: float = 1e-6  # Added to the std before dividing.
   negative_scale: float = 1.0  # Multiplies negative advantages (1 = GRPO [P eq. 1]; 0 = reinforce only the
   #   above-baseline samples, filtered behaviour cloning). See `scale_negatives`.
@@ -57,7 +60,8 @@ class GRPOConfig:
   def __post_init__(self):
     _check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
     _check(self.return_mode in RETURN_MODES, f"return_mode must be one of {RETURN_MODES}, got {self.return_mode!r}")
-    _check(self.adv_baseline in BASELINES, f"adv_baseline must be one of {BASELINES}, got {self.adv_baseline!r}")
+    _check(self.adv_baseline in ADV_BASELINES,
+           f"adv_baseline must be one of {ADV_BASELINES}, got {self.adv_baseline!r}")
     _check(self.adv_eps > 0, f"adv_eps must be > 0, got {self.adv_eps}")
     _check(0.0 <= self.adv_prob_weight <= 1.0, f"adv_prob_weight must be in [0, 1], got {self.adv_prob_weight}")
     _check(0.0 <= self.negative_scale <= 1.0, f"negative_scale must be in [0, 1], got {self.negative_scale}")
@@ -170,6 +174,24 @@ def group_advantages(returns, group_ids, *, std_normalize: bool = True, baseline
   if std_normalize:
     adv = adv / (jnp.sqrt(var) + eps)
   return jnp.where(n > 1, adv, 0.0).reshape(shape)
+
+
+def advantage_groups(task_NxT, present_NxT, num_tasks: int, per_turn: bool) -> tuple[np.ndarray, int]:
+  """Group ids for `group_advantages` over an [N, T] turn layout, and their count.
+
+  per_turn=False: every turn-sample of a task is one group (the paper's m*n samples [P §1]); per_turn=True: one
+  group per (task, turn), so a baseline compares a turn with the same turn of the task's other trajectories
+  (TRLOO, Dr. Kernel arXiv 2602.05885). Absent cells (a trajectory without that turn) each get a group of their
+  own, so they never enter another group's mean or std.
+  """
+  task_NxT = np.asarray(task_NxT, np.int64)
+  present_NxT = np.asarray(present_NxT, bool)
+  n, t = task_NxT.shape
+  ids = task_NxT * t + np.arange(t)[None, :] if per_turn else task_NxT.copy()
+  count = num_tasks * t if per_turn else num_tasks
+  absent = ~present_NxT
+  ids[absent] = count + np.arange(int(absent.sum()))
+  return ids.astype(np.int32), count + int(absent.sum())
 
 
 def scale_negatives(advantages, scale: float) -> jax.Array:
