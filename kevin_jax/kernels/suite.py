@@ -336,6 +336,34 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
   return st
 
 
+def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]:
+  """The degenerate gate on one task module at its own sizes (CPU, real numbers): degeneracy_stats per output.
+
+  The reference runs on one input draw, on a second draw, and (when the model has floating parameters) with a
+  second weight draw; the first tensor input is what the identity candidate copies. A task's ATOL / RTOL override
+  the given tolerances. Returns one stats dict per output (`problems` lists the gate's complaints).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  atol = float(getattr(module, "ATOL", atol))
+  rtol = float(getattr(module, "RTOL", rtol))
+  as_list = lambda out: list(out) if isinstance(out, (tuple, list)) else [out]
+  with torch.no_grad():
+    torch.manual_seed(1234)
+    model = module.Model(*module.get_init_inputs())
+    torch.manual_seed(1)
+    xs = module.get_inputs()
+    ys = as_list(model(*xs))
+    torch.manual_seed(2)
+    ys_other = as_list(model(*module.get_inputs()))
+    ys_w = [None] * len(ys)
+    if any(p.is_floating_point() for p in model.parameters()):
+      torch.manual_seed(4321)
+      ys_w = as_list(module.Model(*module.get_init_inputs())(*xs))
+  first = next((x for x in xs if isinstance(x, torch.Tensor)), None)
+  return [degeneracy_stats(y, atol=atol, rtol=rtol, y_other_inputs=yo, y_other_weights=yw, x=first)
+          for y, yo, yw in zip(ys, ys_other, ys_w)]
+
+
 def task_info(task: SuiteTask):
   """The task's shapes/dtypes without a GPU (meta device): a kevin_jax.kernels.taskinfo.TaskInfo."""
   from kevin_jax.kernels import taskinfo  # pylint: disable=g-import-not-at-top  # Imports torch.
