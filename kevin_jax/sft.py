@@ -70,7 +70,8 @@ def load_data(config, tokenizer) -> Data:
       fit = sft_data.rollout_fit(tokenizer, int(config.rollout.max_context_tokens)) if s.fit_prompts else None
       try:
         records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds),
-                                          reasoning=s.corpus_reasoning, fit=fit)
+                                          reasoning=s.corpus_reasoning, fit=fit,
+                                          source=runtime.task_source(config))
       except ValueError as e:  # Unknown kinds or reasoning style.
         raise SystemExit(f"error: sft.corpus_kinds / sft.corpus_reasoning: {e}") from e
       source = "the bundled suite (kevin_jax/data/export_corpus.py)"

@@ -4,6 +4,7 @@ The results file here is built with the evaluator's own result/feedback code (ke
 statuses each candidate is labelled with; the committed corpus uses the real H200 run's file instead.
 """
 
+import collections
 import json
 
 import pytest
@@ -101,7 +102,9 @@ def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_fi
   relu = {r["kind"]: r for r in _records(out) if r["task_id"] == "level1/01_ReLU"}
   assert set(relu) == set(export_corpus.ALL_KINDS)
   for kind in export_corpus.LATER_TURN_KINDS:
-    assert counts[kind] == 3  # The three tasks with results.
+    # keep_fast and fast_then_format quote recorded feedback: the three tasks with records; the format-error kinds
+    # need none (the rollout's own format-error text): every level-1 task.
+    assert counts[kind] == (24 if kind in export_corpus.NO_FEEDBACK_KINDS else 3), kind
     parsed = prompts.parse_response(relu[kind]["response"])
     assert parsed.error == "" and relu[kind]["target"] == "optimized" and prompts.opens_as_expected(parsed.reasoning)
     # The whole reasoning comes back (a quoted "</think>" would end it early and leave prose before the code).
@@ -219,7 +222,9 @@ def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
       assert a["response"] == b["response"]
       continue
     assert not any(line in b["response"] for line in feedback_lines)
-    assert "x against" not in parsed.reasoning and " ms " not in parsed.reasoning and "bug" not in parsed.reasoning
+    description = next(t for t in suite.load_suite([1]) if t.id == b["task_id"]).meta["description"]
+    said = parsed.reasoning.replace(export_corpus._sentence(description), "")  # pylint: disable=protected-access
+    assert "x against" not in said and " ms " not in said and "bug" not in said
   speed = next(r for r in relu if r["kind"] == "speed_up")
   assert "0.50x" not in speed["response"] and "slower than it can be" in speed["response"]
   assert "fastest design" in next(r for r in relu if r["kind"] == "keep_fast")["response"]
@@ -230,12 +235,15 @@ def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
   assert [r["response"] for r in _records(plain)] == [r["response"] for r in p if r["kind"] in export_corpus.KINDS]
 
 
-def test_export_without_results_is_single_turn(tmp_path, capsys):
+def test_export_without_results_writes_only_kinds_without_feedback(tmp_path, capsys):
   out = str(tmp_path / "c.jsonl")
   assert export_corpus.main(["--out", out, "--results", "", "--levels", "1"]) == 0
   recs = _records(out)
   assert len(recs) == 48 and {r["kind"] for r in recs} == {"single"}
-  assert "single-turn only" in capsys.readouterr().out
+  assert "no records: single, retry_format, format_twice only" in capsys.readouterr().out
+  assert export_corpus.main(["--out", out, "--results", "", "--levels", "1", "--kinds", "all"]) == 0
+  assert collections.Counter(r["kind"] for r in _records(out)) == {"single": 48, "retry_format": 24,
+                                                                     "format_twice": 24}
   assert all(prompts.format_doc(with_example=True) in r["messages"][1]["content"] for r in recs)
 
 

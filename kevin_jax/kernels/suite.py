@@ -68,6 +68,11 @@ class SuiteTask:
     return self.spec.level
 
   @property
+  def source(self) -> str:
+    """The task module's text (what prompts show)."""
+    return self.spec.source
+
+  @property
   def solutions_dir(self) -> str:
     return os.path.dirname(self.meta_path)
 

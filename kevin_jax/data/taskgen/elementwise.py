@@ -64,7 +64,7 @@ def sample(rng: random.Random) -> Spec | None:
   if not spec_lib.in_band(ms) or 4 * n > spec_lib.MAX_INPUT_BYTES:
     return None
   small = (("B", 3), ("C", rng.choice((3, 5, 7))), ("L", rng.choice((37, 67, 99, 131))))
-  return Spec(FAMILY, "chain", (), chain, (("B", B), ("C", C), ("L", L)), small)
+  return Spec(FAMILY, "chain", (), chain, (("B", B), ("C", C), ("L", L)), small, model_ms=round(ms, 4))
 
 
 def module(spec: Spec, reduced: bool = False) -> str:

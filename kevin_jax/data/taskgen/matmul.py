@@ -74,7 +74,8 @@ def sample(rng: random.Random) -> Spec | None:
       numel_in = M * K + (0 if main == "linear" else K * N) + (out if any(o.name == "residual" for o in post) else 0)
     kernels = [(4 * (numel_in + out), 2 * out * K)]
   kernels += [(8 * out, 0)] * len(post)
-  if not spec_lib.in_band(spec_lib.eager_ms(kernels)) or 4 * numel_in > spec_lib.MAX_INPUT_BYTES:
+  ms = spec_lib.eager_ms(kernels)
+  if not spec_lib.in_band(ms) or 4 * numel_in > spec_lib.MAX_INPUT_BYTES:
     return None
   if min(v for _, v in dims) < 1 or (not held and any(spec_lib.heldout_dim(v) for _, v in dims)):
     return None
@@ -82,7 +83,8 @@ def sample(rng: random.Random) -> Spec | None:
   if not ops_lib.healthy(ys):
     return None
   opts = (("bias", rng.random() < 0.8),) if main == "linear" else ()
-  return Spec(FAMILY, main, (), post, dims, small, opts, dist="randn" if main == "linear" else "rand")
+  return Spec(FAMILY, main, (), post, dims, small, opts, dist="randn" if main == "linear" else "rand",
+              model_ms=round(ms, 4))
 
 
 def _operands(spec: Spec) -> tuple[list[str], list[str]]:

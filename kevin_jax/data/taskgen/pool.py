@@ -89,7 +89,7 @@ def sample(rng: random.Random) -> Spec | None:
   if not spec_lib.in_band(ms) or 4 * n_in > spec_lib.MAX_INPUT_BYTES or small_out < 8:
     return None
   opts = (("k", k), ("s", s), ("p", p)) + ((("bias", rng.random() < 0.7),) if main.startswith("dwconv") else ())
-  return Spec(FAMILY, main, (), post, dims, small, opts)
+  return Spec(FAMILY, main, (), post, dims, small, opts, model_ms=round(ms, 4))
 
 
 def module(spec: Spec, reduced: bool = False) -> str:

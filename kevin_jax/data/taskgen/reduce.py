@@ -116,7 +116,7 @@ def sample(rng: random.Random) -> Spec | None:
   opts = (("axis", axis), ("keepdim", (not same) and rng.random() < 0.3))
   if main in ("rms_norm", "layer_norm"):
     opts += (("eps", rng.choice((1e-5, 1e-6))),)
-  return Spec(FAMILY, main, (), post, dims, small, opts)
+  return Spec(FAMILY, main, (), post, dims, small, opts, model_ms=round(ms, 4))
 
 
 def module(spec: Spec, reduced: bool = False) -> str:

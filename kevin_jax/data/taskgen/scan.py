@@ -70,7 +70,8 @@ def sample(rng: random.Random) -> Spec | None:
   if not spec_lib.in_band(ms) or 4 * numel > spec_lib.MAX_INPUT_BYTES:
     return None
   opts = (("axis", axis), ("keepdim", main != "cumsum" and rng.random() < 0.3))
-  return Spec(FAMILY, main, pre, post, dims, small, opts, dist="rand" if main == "cumsum" else "randn")
+  return Spec(FAMILY, main, pre, post, dims, small, opts, dist="rand" if main == "cumsum" else "randn",
+              model_ms=round(ms, 4))
 
 
 def module(spec: Spec, reduced: bool = False) -> str:

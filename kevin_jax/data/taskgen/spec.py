@@ -57,6 +57,7 @@ class Spec:
   small: tuple[tuple[str, int], ...]  # Reduced sizes for the CPU emulator, same names.
   opts: tuple[tuple[str, object], ...] = ()  # Family options (dim, keepdim, kernel, stride, padding, eps, bias).
   dist: str = "randn"  # get_inputs distribution: randn | rand.
+  model_ms: float = 0.0  # PyTorch eager time on an H200 by the cost model (eager_ms), ms.
 
   def dim(self, name: str, reduced: bool = False) -> int:
     return dict(self.small if reduced else self.dims)[name]

@@ -41,7 +41,7 @@ SPLITS = GENERATED_SPLITS + ("suite",)
 STYLE_MODULUS = 8
 MAX_DRAWS = 20_000  # Per family: a quota the stream cannot fill is an error, not a hang.
 MANIFEST = "world.json"
-_SOURCE = re.compile(r"^generated(?::(\d+))?$")
+_SOURCE = re.compile(r"^generated(?::(\d+))?$")  # kernels/tasks.is_generated matches the same strings.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +72,6 @@ class WorldConfig:
 
   def quota(self, split: str) -> int:
     return getattr(self, split)
-
-
-def is_generated(source: str) -> bool:
-  return bool(_SOURCE.match(str(source).strip()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +173,14 @@ def build(config: WorldConfig) -> World:
       counts[split] += 1
       out.append(GenTask(spec, split))
     draws[family] = k
-  return World(config, tuple(out), draws)
+  # Interleave the families (each split's task k of every family, then k + 1, ...): any prefix of a split is
+  # stratified by family.
+  pos: dict[tuple[str, str], int] = {}
+  keyed = []
+  for t in out:
+    pos[t.family, t.split] = pos.get((t.family, t.split), -1) + 1
+    keyed.append(((pos[t.family, t.split], list(FAMILIES).index(t.family)), t))
+  return World(config, tuple(t for _, t in sorted(keyed, key=lambda kt: kt[0])), draws)
 
 
 def manifest(world: World) -> dict:
@@ -186,6 +189,18 @@ def manifest(world: World) -> dict:
           "tasks": [{"id": t.id, "path": f"{t.id}.py", "level": t.level, "split": t.split, "family": t.family,
                      "ops": list(t.spec.ops)} for t in world.tasks],
           "suite": [{"id": s.id, "level": s.level} for s in tasks.discover("bundled")]}
+
+
+def from_source(source: str) -> World | None:
+  """The world behind a source: 'generated[:SEED]' or a directory with a manifest (its recorded config); None
+  for any other source."""
+  if tasks.is_generated(source):
+    return build(WorldConfig.parse(source))
+  path = os.path.join(os.path.abspath(os.path.expanduser(str(source))), MANIFEST)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return build(WorldConfig(**json.load(f)["world"]))
 
 
 def default_root() -> str:
