@@ -265,3 +265,74 @@ def test_load_results_reads_verify_rows(tmp_path):
   p.write_text(json.dumps(rows))
   assert export_corpus.load_results(str(p)) == {"level1/01_ReLU": {"naive": {
       "status": "correct", "speedup": 0.9, "ref_time_ms": 0.6, "cand_time_ms": 0.66, "feedback": "Correct."}}}
+
+
+# --- the task world's corpus ----------------------------------------------------------------------------------------
+
+def _world():
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  return world.build(world.WorldConfig(seed=3, train=6, heldout_compositions=3, heldout_styles=2))
+
+
+def test_world_corpus_follows_the_splits():
+  w = _world()
+  first = w.split("train")[0]
+  recorded = {}
+  for c in first.candidates():
+    r = _result(first.id, c, {"naive": 0.5, "optimized": 1.1}.get(c.name, 0.8))
+    recorded[c.name] = {"status": r.status, "speedup": r.speedup, "ref_time_ms": r.ref_time_ms,
+                        "cand_time_ms": r.cand_time_ms, "feedback": r.feedback, "text_sha": export_corpus.text_sha(c.text)}
+  stale = next(c.name for c in first.candidates() if c.kind == "variant")
+  recorded[stale]["text_sha"] = "0" * 16  # A record of an older text of this candidate: left out.
+  recs, notes = export_corpus.world_examples(w, None, {first.id: recorded}, export_corpus.ALL_KINDS, "plain")
+  by_task = collections.defaultdict(list)
+  for r in recs:
+    by_task[r["task_id"]].append(r)
+  assert set(by_task) == {t.id for t in w.split("train") + w.split("heldout_styles")}
+  for t in w.split("heldout_styles"):
+    assert [(r["kind"], r["target"]) for r in by_task[t.id]] == [("single", "naive")]
+  for t in w.split("train")[1:]:  # No records: only what needs no evaluator feedback.
+    kinds = collections.Counter(r["kind"] for r in by_task[t.id])
+    styles = [c.name for c in t.candidates() if c.expect == "correct"]
+    assert kinds == {"single": len(styles), "retry_format": 1, "format_twice": 1}
+    assert sorted(r["target"] for r in by_task[t.id] if r["kind"] == "single") == sorted(styles)
+  mine = by_task[first.id]
+  assert {"fix_wrong", "speed_up", "keep_fast", "first_wrong", "wrong_again"} <= {r["kind"] for r in mine}
+  assert not any(stale in r["attempts"] or r["target"] == stale for r in mine)
+  assert any("another text" in n for n in notes)
+  cands = {c.name: c for c in first.candidates()}
+  for r in recs:
+    parsed = prompts.parse_response(r["response"])
+    task = w.by_id()[r["task_id"]]
+    target = {c.name: c for c in task.candidates()}[r["target"]]
+    assert parsed.error == "" and parsed.candidate_text == target.text and prompts.opens_as_expected(parsed.reasoning)
+    assert r["messages"][1]["content"].count(task.source.strip()) == 1
+  fix = next(r for r in mine if r["kind"] == "fix_wrong")
+  assert recorded[fix["attempts"][0]]["feedback"] in fix["messages"][1]["content"]
+  assert cands[fix["target"]].name == "optimized"
+
+
+def test_world_corpus_in_memory_matches_the_export(tmp_path, monkeypatch):
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("KEVIN_JAX_TASKGEN_DIR", str(tmp_path))
+  w = _world()
+  d = world.materialize(w.config)
+  ids = [t.id for t in w.tasks] + ["level1/01_ReLU"]
+  mem = sft_data.bundled_corpus(ids, kinds=("single", "retry_format"), reasoning="plain", source=d)
+  exported = export_corpus.world_examples(w, ids, None, ("single", "retry_format"), "plain")[0]
+  assert mem == exported
+  assert {r["task_id"] for r in mem} == set(ids)  # heldout_compositions: single only; the suite's ReLU as bundled.
+  hc = {t.id for t in w.split("heldout_compositions")}
+  assert {r["kind"] for r in mem if r["task_id"] in hc} == {"single"}
+
+
+def test_world_corpus_cli(tmp_path):
+  out = str(tmp_path / "world.jsonl")
+  assert export_corpus.main(["--out", out, "--source", "generated:3", "--kinds", "single", "--results", ""]) == 0
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  w = world.build(world.WorldConfig.parse("generated:3"))
+  recs = _records(out)
+  n_styles = sum(c.expect == "correct" for t in w.split("train") for c in t.candidates())
+  assert len(recs) == n_styles + len(w.split("heldout_styles"))
+  with pytest.raises(SystemExit):
+    export_corpus.main(["--out", out, "--source", "generated", "--split", "test"])

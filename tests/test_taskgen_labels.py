@@ -1,0 +1,101 @@
+"""The kernel writer's labels, checked on the CPU for every family (the GPU check: experiments/verify_suite.py
+--source generated, tests/test_suite_gpu.py).
+
+For a fixed sample of the default world (the first tasks of each family in training and in held-out compositions,
+so every family's styles and mutations show up): every candidate's plan validates against the task and its code
+compiles with NVRTC (sm_90) exactly when its label says it should (format_error / compile_error candidates fail
+there, in that category); every candidate gets its label in the CPU emulator (kernels/emulate) at the task's
+reduced sizes, seeds fixed; the degenerate gate passes on the reduced twins of a sample of every family and split
+(at the real sizes: `-m slow`).
+"""
+
+import collections
+import types
+
+import pytest
+
+from kevin_jax.data.taskgen import world
+from kevin_jax.kernels import static, suite, taskinfo, tasks
+from kevin_jax.kernels.emulate import emulator
+
+PER_FAMILY = {"train": 2, "heldout_compositions": 1}  # Tasks per family and split in the label sample.
+GATE_PER_CELL = 6  # Reduced twins per family and split in the CPU degenerate gate.
+
+
+@pytest.fixture(scope="module")
+def sample():
+  w = world.build(world.WorldConfig())
+  root = world.materialize(world.WorldConfig())
+  specs = {s.id: s for s in tasks.discover(root)}
+  chosen = []
+  for family in world.FAMILIES:
+    for split, n in PER_FAMILY.items():
+      chosen += [t for t in w.split(split) if t.family == family][:n]
+  return [(t, specs[t.id], t.candidates()) for t in chosen]
+
+
+def test_sample_covers_every_family_style_and_mutation(sample):
+  kinds = collections.Counter(c.name.split("_")[0] for _, _, cands in sample for c in cands)
+  assert {t.family for t, _, _ in sample} == set(world.FAMILIES)
+  assert kinds["naive"] == kinds["optimized"] == len(sample) and kinds["wrong"] >= 2 * len(sample)
+  expects = {c.expect for _, _, cands in sample for c in cands}
+  assert {"correct", "incorrect", "runtime_error", "format_error"} <= expects
+
+
+def test_plans_validate_and_compile_with_nvrtc_as_labelled(sample, tmp_path):
+  for t, spec, cands in sample:
+    info = taskinfo.analyze_task(spec)
+    for c in cands:
+      r = static.static_check({"task_id": t.id, "task_path": spec.path, "text": c.text, "task_info": info.to_dict(),
+                               "arch": "sm_90", "cache_dir": str(tmp_path)})
+      want = c.expect if c.expect in ("format_error", "compile_error") else "ok"
+      assert r["status"] == want, f"{c.key}: static check gave {r['status']} ({r['error']}), expected {want}"
+      if want == "ok":
+        assert r["cubin"][:4] == b"\x7fELF", c.key
+    for c in suite.degenerate_candidates(t.id, info):
+      assert static.validate(c.text, info, static.Limits())
+
+
+def test_every_candidate_gets_its_label_in_the_emulator(sample):
+  emulator.prepare([c.text for _, _, cands in sample for c in cands])  # One g++ build for the whole sample.
+  bad = []
+  for t, _, cands in sample:
+    module = emulator.load_module(source=t.reduced_source)
+    for c in cands:
+      status, msg = emulator.run(module, c.text, seed=0)
+      if status != c.expect:
+        bad.append(f"{c.key}: expected {c.expect}, got {status} ({msg[:160]})")
+  assert not bad, "\n".join(bad)
+
+
+def _gate(source: str) -> list[str]:
+  module = types.ModuleType("gated")
+  exec(compile(source, "gated", "exec"), module.__dict__)  # pylint: disable=exec-used  # A generated task module.
+  return [p for st in suite.gate_module(module) for p in st["problems"]]
+
+
+def test_degenerate_gate_passes_on_reduced_twins():
+  w = world.build(world.WorldConfig())
+  cells = collections.defaultdict(list)
+  for t in w.tasks:
+    if len(cells[t.family, t.split]) < GATE_PER_CELL:
+      cells[t.family, t.split].append(t)
+  assert len(cells) == len(world.FAMILIES) * len(world.GENERATED_SPLITS)
+  bad = {t.id: p for ts in cells.values() for t in ts if (p := _gate(t.reduced_source))}
+  assert not bad, bad
+
+
+def _input_numel(t) -> int:
+  d = dict(t.spec.dims)
+  return d.get("B", 1) * d.get("BT", 1) * d.get("C", 1) * d.get("R", 1) * d.get("M", 1) * d.get("N", 1) * d.get(
+      "K", 1) * d.get("L", 1) * d.get("H", 1) * d.get("W", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(world.FAMILIES))
+def test_degenerate_gate_passes_at_real_sizes(family):
+  """At the real sizes, per family the held-out-composition task with the smallest inputs (CPU torch, seconds each
+  on 2 cores); `python -m kevin_jax.kernels.check_tasks --source generated --gate full` runs the whole world."""
+  w = world.build(world.WorldConfig())
+  t = min([t for t in w.split("heldout_compositions") if t.family == family], key=_input_numel)
+  assert not _gate(t.source), t.id
