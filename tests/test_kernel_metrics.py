@@ -117,3 +117,20 @@ def test_novelty_summary_by_hand():
                "nearest_jaccard_mean": pytest.approx((1 + 2 / 3 + 2 / 3 + 0.5) / 4)}
   assert km.novelty_summary([], idx) == {"correct_kernels": 0.0, "novel_share": 0.0, "novel_distinct": 0.0,
                                          "nearest_jaccard_mean": 0.0}
+
+
+def test_rl_step_metrics_report_novelty_of_the_correct_kernels():
+  from kevin_jax.rl import prompts  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl import rollout as ro  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl.step_metrics import rollout_metrics  # pylint: disable=g-import-not-at-top
+  texts = ["a b c d", "a b c", "q r s"]  # A corpus copy, a near copy, and a wrong kernel.
+  statuses = ["correct", "correct", "incorrect"]
+  turns = [ro.Turn("t", traj=k, turn=0, prompt_ids=[1], response_ids=[1, 2], logprobs=np.zeros(2), response=t,
+                   parsed=prompts.ParsedResponse("Okay,", t, "", ""), finish_reason="eos",
+                   result={"status": s, "score": 1.0 if s == "correct" else 0.0})
+           for k, (t, s) in enumerate(zip(texts, statuses))]
+  m = rollout_metrics(turns, ro.RolloutTimes(1.0, 1.0, 6, 3), np.zeros(3), np.zeros(3),
+                      km.CorpusIndex(["a b c d"], n=2))
+  assert m["novelty/correct_kernels"] == 2.0 and m["novelty/novel_share"] == 0.5
+  assert m["novelty/nearest_jaccard_mean"] == pytest.approx((1.0 + 2 / 3) / 2)
+  assert "novelty/novel_share" not in rollout_metrics(turns, ro.RolloutTimes(), np.zeros(3), np.zeros(3))

@@ -10,6 +10,7 @@ reduced sizes, seeds fixed; the degenerate gate passes on the reduced twins of a
 """
 
 import collections
+import re
 import types
 
 import pytest
@@ -99,3 +100,26 @@ def test_degenerate_gate_passes_at_real_sizes(family):
   w = world.build(world.WorldConfig())
   t = min([t for t in w.split("heldout_compositions") if t.family == family], key=_input_numel)
   assert not _gate(t.source), t.id
+
+
+def test_check_tasks_summarises_a_world(tmp_path, monkeypatch, capsys):
+  """`check_tasks --source generated --config FILE`: the config's world, per family its split sizes, loads, the
+  degenerate gate on the reduced twins; a failing task is named and fails the command."""
+  from kevin_jax.kernels import check_tasks  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("KEVIN_JAX_TASKGEN_DIR", str(tmp_path / "worlds"))
+  cfg = tmp_path / "small.py"
+  cfg.write_text("from configs import multiturn\n\n\ndef get_config(arg=''):\n  c = multiturn.get_config(arg)\n"
+                 "  c.tasks.world_seed, c.tasks.world_train = 5, 2\n"
+                 "  c.tasks.world_heldout_compositions, c.tasks.world_heldout_styles = 1, 1\n  return c\n")
+  assert check_tasks.main(["--source", "generated", "--config", str(cfg)]) == 0
+  out = capsys.readouterr().out
+  assert "task world: seed 5; per family 2 train, 1 heldout_compositions, 1 heldout_styles" in out
+  for family in world.FAMILIES:
+    assert re.search(rf"^{family} +2 +1 +1 +4/4 +4/4 ", out, re.M), out
+  assert "suite: 40 bundled tasks" in out and "20 generated tasks: 20 load, 0 fail; degenerate gate at reduced" in out
+  victim = world.build(world.WorldConfig(5, 2, 1, 1)).tasks[0].id
+  real = check_tasks.gate_task
+  monkeypatch.setattr(check_tasks, "gate_task", lambda t, full=False: ["out0: constant"] if t.id == victim
+                      else real(t, full))
+  assert check_tasks.main(["--source", "generated", "--config", str(cfg), "--gate", "reduced"]) == 1
+  assert f"FAIL  {victim} [" in capsys.readouterr().out

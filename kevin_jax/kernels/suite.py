@@ -1,6 +1,6 @@
 """The bundled task suite: tasks, their labelled candidates, metadata, and the degenerate candidates.
 
-Layout (kevin_jax/data; conventions in .notes/suite.md):
+Layout (kevin_jax/data; conventions in kevin_jax/data/README.md):
 
     tasks/level<L>/<NN_Name>.py              KernelBench-format task
     solutions/level<L>/<NN_Name>/meta.json   level, ops, shapes, description, H200 numbers, labelled candidates
