@@ -74,7 +74,7 @@ def load_data(config, tokenizer) -> Data:
                                           source=runtime.task_source(config))
       except ValueError as e:  # Unknown kinds or reasoning style.
         raise SystemExit(f"error: sft.corpus_kinds / sft.corpus_reasoning: {e}") from e
-      source = "the bundled suite (kevin_jax/data/export_corpus.py)"
+      source = f"task source {config.tasks.source!r} (kevin_jax/data/export_corpus.py)"
       if not records:
         raise sft_data.CorpusError(f"task source {config.tasks.source!r} has no bundled solutions to build a "
                                    "corpus from; give one with --config.sft.corpus=FILE.jsonl")

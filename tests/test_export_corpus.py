@@ -195,7 +195,7 @@ def test_later_mixture_pairs_every_acted_on_feedback_with_one_that_is_not(tmp_pa
   assert export_corpus.export(quote, path, levels=[1], kinds=kinds) == counts
   slow = [r for r in _records(quote) if r["kind"] == "slow_again"]
   assert all("ms for PyTorch (0.50x)" in r["response"] and "I keep it:" in r["response"] for r in slow)
-  # The eleventh session's corpus (FIRST_TURN_MIXTURE, which its recorded runs pin) has neither.
+  # FIRST_TURN_MIXTURE (which recorded runs pin) has neither.
   assert not set(export_corpus.LATER_MIXTURE_KINDS) & set(export_corpus.FIRST_TURN_MIXTURE)
 
 

@@ -9,8 +9,10 @@ Layout (kevin_jax/data; conventions in kevin_jax/data/README.md):
 
 Every task must also reject three *degenerate* candidates generated here (evaluator-anchors §6.6): one writes
 zeros into every output, one a constant, one the first input tensor (cast, wrapped around when the output is
-larger). Shared by the CI tests, the degenerate-task gate, experiments/verify_suite.py and the corpus export.
-Evaluator side: imports no JAX; torch only through taskinfo.analyze_task (lazily).
+larger); on the CPU, `gate_module` checks a task module's outputs against them with real numbers. Candidates,
+degenerate candidates and the gate serve the generated task world too (kevin_jax/data/taskgen). Shared by the CI
+tests, the degenerate-task gate, check_tasks, experiments/verify_suite.py and the corpus export.
+Evaluator side: imports no JAX; torch only lazily (taskinfo.analyze_task, the gate).
 """
 
 from __future__ import annotations
