@@ -19,7 +19,8 @@ run's candidates (status, timings, feedback) into kevin_jax/data/suite_results.j
 replaces only those tasks; the warm-start corpus export reads the file) and prints the BENCHMARKS.md table.
 
 Task world (`--source generated[:SEED]`, or the config's world with --config): a stratified sample
-(experiments/verify_world.py: --per-cell tasks of every family x split, 300 by default; --shard i/n for one part),
+(experiments/verify_world.py: up to --per-cell tasks of every family x split, 300 by default: 22 train, 22
+heldout_compositions and the 16 heldout_styles tasks of each family; --shard i/n for one part),
 every labelled candidate and the three degenerate candidates of each, in a correctness-only label pass
 (--workers-per-gpu slots per GPU, timing off), then an eager pass timing each task's `optimized` candidate once on
 one slot per GPU (--no-eager skips it). Writes results.json, summary.md (labels per family and split, per
@@ -205,7 +206,7 @@ def verify_world(a) -> int:
   chosen = vw.sample(w, a.per_cell, a.shard)
   by = {t.id: (t.family, t.split) for t in chosen}
   items = vw.build_items(chosen, root, degenerate=not a.no_degenerate)
-  print(f"task world seed {wc.seed}: {len(chosen)} tasks ({a.per_cell} per family x split"
+  print(f"task world seed {wc.seed}: {len(chosen)} tasks (at most {a.per_cell} per family x split"
         f"{', shard ' + a.shard if a.shard else ''}), {len(items)} candidates", flush=True)
   os.makedirs(a.out, exist_ok=True)
   t0 = time.monotonic()
@@ -283,7 +284,8 @@ def main(argv=None) -> int:
                        "kevin_jax/data/suite_results.json from an earlier run's results.json")
   ap.add_argument("--source", default="bundled", help="'bundled' or 'generated[:SEED]' (the task world)")
   ap.add_argument("--config", default="", help="task world: take its seed and quotas from FILE[:presets]")
-  ap.add_argument("--per-cell", type=int, default=20, help="task world: tasks per family x split (300 = 20 x 15)")
+  ap.add_argument("--per-cell", type=int, default=22,
+                  help="task world: at most this many tasks per family x split (22: 300 tasks of the default world)")
   ap.add_argument("--shard", default="", help="task world: 'i/n' evaluates every n-th sampled task from the i-th")
   ap.add_argument("--workers-per-gpu", type=int, default=4, help="task world: label-pass worker slots per GPU")
   ap.add_argument("--chunk", type=int, default=400, help="task world: candidates per batch between progress lines")

@@ -1,8 +1,9 @@
 """The task world's part of experiments/verify_suite.py (`--source generated`): the stratified sample, the eager-time
 pass, the tables and the committed records.
 
-Sample: for every (family, split) cell of the world, the first `per_cell` tasks in world order (20 per cell:
-5 families x 3 splits = 300 tasks), optionally one shard of it (`shard` = 'i/n': every n-th task from the i-th).
+Sample: for every (family, split) cell of the world, the first `per_cell` tasks in world order (22: 22 train,
+22 heldout_compositions and all 16 heldout_styles tasks of each of the 5 families of the default world, 300
+tasks), optionally one shard of it (`shard` = 'i/n': every n-th task from the i-th).
 Every sampled task contributes all its labelled candidates and the three degenerate candidates of kernels/suite.py.
 
 Label pass: correctness only (timing_runs = 0: labels need no timing), several worker slots per GPU.

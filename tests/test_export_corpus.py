@@ -312,6 +312,23 @@ def test_world_corpus_follows_the_splits():
   assert cands[fix["target"]].name == "optimized"
 
 
+def test_no_faster_kernel_of_a_heldout_style_task_is_in_the_corpus():
+  """The warm-start corpus of the default world holds none of the heldout_styles tasks' non-naive correct kernels,
+  not even as another task's (normalised) response: tasks sharing kernels share a signature, hence a split."""
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl import kernel_metrics as km  # pylint: disable=g-import-not-at-top
+  w = world.build(world.WorldConfig())
+  recs, _ = export_corpus.world_examples(w, None, None, export_corpus.ALL_KINDS, "plain")
+  corpus = {km.normalize(prompts.parse_response(r["response"]).candidate_text) for r in recs}
+  faster = [(t.id, c.name, km.normalize(c.text)) for t in w.split("heldout_styles") for c in t.candidates()
+            if c.expect == "correct" and c.name != "naive"]
+  assert len(faster) >= 2 * len(w.split("heldout_styles"))
+  leaked = [(tid, name) for tid, name, text in faster if text in corpus]
+  assert not leaked, leaked[:5]
+  naive = [km.normalize(next(c.text for c in t.candidates() if c.name == "naive")) for t in w.split("heldout_styles")]
+  assert all(n in corpus for n in naive)
+
+
 def test_world_corpus_in_memory_matches_the_export(tmp_path, monkeypatch):
   from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("KEVIN_JAX_TASKGEN_DIR", str(tmp_path))

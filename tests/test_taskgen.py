@@ -94,8 +94,10 @@ def test_splits_are_disjoint_and_follow_the_rules(default_world):
     assert held and not set(held) & seen_pairs, t.id  # Never seen together in training ...
     assert set(t.spec.ops) <= seen_ops, t.id  # ... though every op is seen.
     assert any(spec_lib.heldout_dim(v) for _, v in t.spec.dims) and not {v for _, v in t.spec.dims} <= seen_dims
+  train_signatures = {t.spec.signature for t in w.split("train")}
   for t in w.split("heldout_styles"):
     assert world.classify(t.spec) == "heldout_styles" and t.id.split("/")[0] == t.family
+    assert t.spec.signature not in train_signatures and set(t.spec.ops) <= seen_ops, t.id
   assert not any(s in t.id for t in w.tasks for s in ("train", "heldout", "style"))  # Ids do not name the split.
 
 
@@ -179,3 +181,14 @@ def test_generated_sources_resolve(tmp_path, monkeypatch):
   splits = tasks.world_splits(d)
   assert set(splits) == set(world.SPLITS) and tasks.world_splits("bundled") is None
   assert [s.id for s in tasks.discover(d, levels=[1])] == [s.id for v in splits.values() for s in v if s.level == 1]
+
+
+def test_the_generator_is_pure_python():
+  """Both worlds list tasks and build prompts from it: it imports neither torch nor JAX."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import sys; import kevin_jax.data.taskgen.world, kevin_jax.data.export_corpus; "
+          "print(sorted(m for m in ('torch', 'jax', 'cupy') if m in sys.modules))")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr

@@ -77,6 +77,13 @@ class Spec:
     return list(zip(o, o[1:]))
 
   @property
+  def signature(self) -> str:
+    """What fixes the candidates' code (every size and constant is a kernel argument): the family, the main op,
+    the op chain and the options that change code. Tasks with one signature share their kernels."""
+    code_opts = {k: v for k, v in self.opts if k in ("axis", "bias")}
+    return f"{self.family}|{self.main}|{'>'.join(self.ops)}|{sorted(code_opts.items())}"
+
+  @property
   def level(self) -> int:
     """1 for a single op, 2 for a composition (as the bundled suite's levels)."""
     return 1 if len(self.ops) == 1 else 2

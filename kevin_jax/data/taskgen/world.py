@@ -4,8 +4,9 @@
 (draw k uses random.Random("kevin_jax-taskgen:<seed>:<family>:<k>"), so a world with larger quotas extends a
 smaller one) and files each into a split:
   heldout_compositions  the spec contains a held-out op pair (spec.heldout_pair) and a held-out size;
-  heldout_styles        otherwise, when sha256("kevin_jax-style:<task id>") % STYLE_MODULUS == 0: training
-                        compositions whose warm-start corpus entries are naive kernels only;
+  heldout_styles        otherwise, when sha256("kevin_jax-style:<spec.signature>") % STYLE_MODULUS == 0:
+                        compositions without held-out pairs, none of whose kernels is in training (tasks of one
+                        signature share their kernels), and whose warm-start corpus entries are naive only;
   train                 everything else;
 until every split has its quota per family. The bundled 40-task suite is a fourth split, `suite`. Splits are
 disjoint by construction (one split per spec, ids unique).
@@ -141,7 +142,7 @@ def classify(spec: Spec) -> str:
   """The split a spec belongs to (module docstring)."""
   if any(spec_lib.heldout_pair(a, b) for a, b in spec.pairs):
     return "heldout_compositions"
-  h = int(hashlib.sha256(f"kevin_jax-style:{spec.id}".encode()).hexdigest()[:12], 16)
+  h = int(hashlib.sha256(f"kevin_jax-style:{spec.signature}".encode()).hexdigest()[:12], 16)
   return "heldout_styles" if h % STYLE_MODULUS == 0 else "train"
 
 
