@@ -192,3 +192,18 @@ def test_the_generator_is_pure_python():
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_the_evaluator_gets_the_materialised_world(tmp_path, monkeypatch):
+  """train.py / evaluate.py hand config.tasks.source to make_reward: a generated source reaches the evaluator as
+  the world's directory (the same files every process reads)."""
+  from kevin_jax.rl import reward  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("KEVIN_JAX_TASKGEN_DIR", str(tmp_path))
+  seen = {}
+  monkeypatch.setattr(reward, "EvaluatorReward", lambda cfg, source: seen.setdefault("source", source))
+  c = _small_world_config()
+  runtime.make_reward(c, c.tasks.source)
+  assert seen["source"] == runtime.task_source(c) and os.path.isfile(os.path.join(seen["source"], "world.json"))
+  seen.clear()
+  runtime.make_reward(multiturn.get_config(), "bundled")
+  assert seen["source"] == "bundled"

@@ -217,7 +217,8 @@ def _all_examples(task, results: dict[str, dict] | None,
   naive, opt = cands["naive"], cands["optimized"]
   solutions = [naive, opt] + [c for c in cands.values() if c.kind == "solution" and c not in (naive, opt)]
   out = [record(task, "single", [], [], reasoning_single(meta, c), c) for c in solutions]
-  notes = [] if results is None or results else [f"{task.id}: no evaluator records, {', '.join(NO_FEEDBACK_KINDS)} only"]
+  notes = ([] if results is None or results
+           else [f"{task.id}: no evaluator records, {', '.join(NO_FEEDBACK_KINDS)} only"])
   broken = format_error_attempt(opt, reasoning_single(meta, opt))
   retry = reasoning_plain(meta, "no_kernel", opt) if plain else reasoning_retry(meta, broken.feedback, opt)
   out.append(record(task, "retry_format", [broken], ["format_error"], retry, opt))

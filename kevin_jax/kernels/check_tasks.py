@@ -158,7 +158,8 @@ def gate_task(task, full: bool = False) -> list[str]:
   import types  # pylint: disable=g-import-not-at-top
   from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
   module = types.ModuleType("gated_task")
-  exec(compile(task.source if full else task.reduced_source, task.id, "exec"), module.__dict__)  # pylint: disable=exec-used
+  text = task.source if full else task.reduced_source
+  exec(compile(text, task.id, "exec"), module.__dict__)  # pylint: disable=exec-used  # A generated task module.
   return [f"out{k}: {p}" for k, st in enumerate(suite.gate_module(module)) for p in st["problems"]]
 
 

@@ -111,7 +111,8 @@ def module(spec: Spec, reduced: bool = False) -> str:
   if main == "linear":
     init = [("in_features", "int", "K"), ("out_features", "int", "N")] + init
     body = [f"self.linear = nn.Linear(in_features, out_features, bias={spec.opt('bias')})"] + body
-  what = {"matmul": "Matrix product a @ b", "bmm": "Batched matrix product a @ b", "matvec": "Matrix-vector product a @ v",
+  what = {"matmul": "Matrix product a @ b", "bmm": "Batched matrix product a @ b",
+          "matvec": "Matrix-vector product a @ v",
           "linear": "Linear layer (x @ W^T" + (" + b)" if spec.opt("bias") else ")")}[main]
   doc = what + (f", then {render.describe_chain(spec.post)}." if spec.post else ".")
   lines = [f"y = {expr}"] + (ops_lib.torch_lines(spec.post, "y", res="res") if spec.post else []) + ["return y"]
@@ -175,7 +176,8 @@ def _gemm(spec: Spec, style: str, *, layout: bool = False, k_tail: bool = False,
   if style == "naive":
     body = (batch + "  const int c = blockIdx.x * 16 + threadIdx.x, r = blockIdx.y * 16 + threadIdx.y;\n"
             "  if (r >= M || c >= N) return;\n  float acc = 0.0f;\n"
-            f"  for (int k = 0; k < K; ++k) acc += {a_name}[(long long)r * K + k] * {_b_index(spec, 'k', 'c', layout)};\n"
+            f"  for (int k = 0; k < K; ++k) acc += {a_name}[(long long)r * K + k] * "
+            f"{_b_index(spec, 'k', 'c', layout)};\n"
             f"  {store('acc', 'r', 'c')}\n")
     geo = "grid=(cdiv(out.shape[-1], 16), cdiv(out.shape[-2], 16)" + (", out.shape[0])" if bmm else ")") + \
         " block=(16, 16)"
@@ -311,7 +313,8 @@ def candidates(spec: Spec, rng: random.Random) -> list[Written]:
     wrong = [("wrong_layout", "incorrect", _gemm(spec, "naive", layout=True), 0,
               "reads the second operand in the transposed layout"),
              ("wrong_k_tail", "incorrect", _gemm(spec, "tiled16", k_tail=True), 1,
-              f"loops over whole 16-deep K-tiles only: the last K % 16 = {K % 16} terms of every dot product are dropped")]
+              f"loops over whole 16-deep K-tiles only: the last K % 16 = {K % 16} terms of every dot product are "
+              "dropped")]
     if spec.main == "linear" and spec.opt("bias"):
       wrong.append(("wrong_no_bias", "incorrect", _gemm(spec, "tile64", no_bias=True), 2, "never adds linear.bias"))
     epi = _epilogue_mutation(spec, rng)

@@ -189,15 +189,18 @@ def _kernels(spec: Spec, style: str, *, window_short: bool = False, stride_one: 
 
   if style in ("naive", "grid_stride"):
     if two:
-      index = ("    const int ow = (int)(i % Wo), oh = (int)((i / Wo) % Ho);\n    const long long plane = i / ((long long)Ho * Wo);\n"
+      index = ("    const int ow = (int)(i % Wo), oh = (int)((i / Wo) % Ho);\n"
+               "    const long long plane = i / ((long long)Ho * Wo);\n"
                "    const int c = (int)(plane % C);\n    const float* img = x + plane * H * W;\n"
                f"    const int h0 = oh * {st} - {pad}, w0 = ow * {st} - {pad};\n")
       loop = (f"    for (int kh = 0; kh < {kk}; ++kh)\n      for (int kw = 0; kw < {kk}; ++kw) {{\n"
               "        const int ih = h0 + kh, iw = w0 + kw;\n"
-              f"        if (ih >= 0 && ih < H && iw >= 0 && iw < W) {{ {_tap(main, 'img[ih * W + iw]', _weight(True, '', flip))}{cnt_inc} }}\n"
+              "        if (ih >= 0 && ih < H && iw >= 0 && iw < W) { "
+              f"{_tap(main, 'img[ih * W + iw]', _weight(True, '', flip))}{cnt_inc} }}\n"
               "      }\n")
     else:
-      index = ("    const int o = (int)(i % Lo);\n    const long long plane = i / Lo;\n    const int c = (int)(plane % C);\n"
+      index = ("    const int o = (int)(i % Lo);\n    const long long plane = i / Lo;\n"
+               "    const int c = (int)(plane % C);\n"
                f"    const float* row = x + plane * L;\n    const int j0 = o * {st} - {pad};\n")
       loop = (f"    for (int t = 0; t < {kk}; ++t) {{\n      const int j = j0 + t;\n"
               f"      if (j >= 0 && j < L) {{ {_tap(main, 'row[j]', _weight(False, 't', flip))}{cnt_inc} }}\n    }}\n")
@@ -251,7 +254,8 @@ def _kernels(spec: Spec, style: str, *, window_short: bool = False, stride_one: 
             "  __syncthreads();\n"
             "  const int o = o0 + threadIdx.x;\n  if (o >= Lo) return;\n"
             f"  float acc = {init};\n"
-            f"  for (int t = 0; t < k; ++t) {{ {_tap(main, 'tile[threadIdx.x * s + t]', _weight(False, 't', False))} }}\n"
+            "  for (int t = 0; t < k; ++t) { "
+            f"{_tap(main, 'tile[threadIdx.x * s + t]', _weight(False, 't', False))} }}\n"
             "  const long long i = (long long)plane * Lo + o;\n"
             f"  y[i] = {call(final, 'i')};\n")
     geo = ("grid=(cdiv(out.shape[2], 256), out.shape[0] * out.shape[1]) block=(256,) "

@@ -77,7 +77,8 @@ def main_sample(main: str, n: int) -> list[float]:
           "max": [big - 0.9 + 0.35 * v for v in q], "min": [-big + 0.9 + 0.35 * v for v in q],
           "logsumexp": [math.log(n) + 0.5 + 2.0 * v / math.sqrt(n) for v in q],
           "softmax": [math.exp(v - 0.5) / n for v in q], "log_softmax": [v - math.log(n) - 0.5 for v in q],
-          "rms_norm": [v * g for v, g in zip(q, gain)], "layer_norm": [v * g + b for v, g, b in zip(q, gain, shift)]}[main]
+          "rms_norm": [v * g for v, g in zip(q, gain)],
+          "layer_norm": [v * g + b for v, g, b in zip(q, gain, shift)]}[main]
 
 
 def sample(rng: random.Random) -> Spec | None:
@@ -255,9 +256,11 @@ def _row_candidates(spec: Spec, rng: random.Random) -> list[Written]:
   out = [Written("naive", "correct", *_row_kernel(spec, "naive"),
                  summary=f"One thread per row walks the row serially for the {what} (sums in double)."),
          Written("warp_per_row", "correct", *_row_kernel(spec, "warp"),
-                 summary=f"One warp per row: lanes stride through the row and a shuffle butterfly combines the {what}."),
+                 summary="One warp per row: lanes stride through the row and a shuffle butterfly combines the "
+                         f"{what}."),
          Written("optimized", "correct", *_row_kernel(spec, "block"),
-                 summary=f"One 256-thread block per row: strided loads, warp shuffles and shared memory for the {what}.")]
+                 summary="One 256-thread block per row: strided loads, warp shuffles and shared memory for the "
+                         f"{what}.")]
   change, bug = WRONG_OP[main]
   wrong = [("wrong_axis", "naive", {"axis": True}, 0,
             "reads the row's elements with stride R (a column of the transposed view), not along the row"),
@@ -308,7 +311,8 @@ def _col_kernels(spec: Spec, style: str, *, kind_swap: str = "", out: str = "", 
     return code, plan
   if style == "tiled":
     sig = ", ".join(["const float* __restrict__ x", "float* __restrict__ y", "int B", "int N", "int M"] + decl)
-    combine = "" if partial else f"    for (int k = 1; k < 8; ++k) s = {cuda.combine(kind, 's', 'part[k][threadIdx.x]')};\n"
+    combine = ("" if partial else
+               f"    for (int k = 1; k < 8; ++k) s = {cuda.combine(kind, 's', 'part[k][threadIdx.x]')};\n")
     code = (pre + f'extern "C" __global__ void cols_tiled({sig}) {{\n'
             f"  __shared__ {ct} part[8][33];\n"
             "  const int m = blockIdx.x * 32 + threadIdx.x, b = blockIdx.y;\n"

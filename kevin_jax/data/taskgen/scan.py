@@ -41,7 +41,8 @@ def sample(rng: random.Random) -> Spec | None:
     pre = (ops_lib.draw_op(rng, rng.choice(CUMSUM_PRE)),) if rng.random() < 0.6 else ()
     if pre and pre[0].name == "mul_scalar":
       pre = (Op("mul_scalar", (abs(pre[0].consts[0]),)),)
-    post = (ops_lib.draw_op(rng, "mul_scalar"),) if rng.random() < 0.3 and not (pre and pre[0].name == "mul_scalar") else ()
+    scaled = pre and pre[0].name == "mul_scalar"  # One scale constant per task.
+    post = (ops_lib.draw_op(rng, "mul_scalar"),) if rng.random() < 0.3 and not scaled else ()
   else:
     pre = (ops_lib.draw_op(rng, rng.choice(ARG_PRE)),) if rng.random() < 0.5 else ()
     post = ()
@@ -161,7 +162,8 @@ def _cumsum(spec: Spec, style: str, *, exclusive: bool = False, no_carry: bool =
           "  const float* p = x + (long long)r * N;\n  float* q = y + (long long)r * N;\n  double carry = 0.0;\n"
           "  for (int base = 0; base < N; base += 1024) {\n"
           "    const int j0 = base + 4 * t;\n    double s[4];\n    double run = 0.0;\n"
-          f"    for (int e = 0; e < 4; ++e) {{\n      run += j0 + e < N ? {load('j0 + e')} : 0.0;\n      s[e] = run;\n    }}\n"
+          f"    for (int e = 0; e < 4; ++e) {{\n      run += j0 + e < N ? {load('j0 + e')} : 0.0;\n"
+          "      s[e] = run;\n    }\n"
           "    double inc = run;  // Inclusive scan of the thread totals within the warp.\n"
           "    for (int off = 1; off < 32; off <<= 1) {\n"
           f"      const double u = __shfl_up_sync({cuda.FULL}, inc, off);\n      if (lane >= off) inc += u;\n    }}\n"
@@ -195,7 +197,8 @@ def _arg_helpers(main: str, last_offset: int = 1, block: bool = False, partial: 
     return warp
   tail = "" if partial else "  for (int k = 1; k < (int)(blockDim.x >> 5); ++k) better(v, i, rv[k], ri[k]);\n"
   return warp + ("\n__device__ __forceinline__ void block_best(float& v, int& i, float* rv, int* ri) {\n"
-                 "  warp_best(v, i);\n  if ((threadIdx.x & 31) == 0) { rv[threadIdx.x >> 5] = v; ri[threadIdx.x >> 5] = i; }\n"
+                 "  warp_best(v, i);\n"
+                 "  if ((threadIdx.x & 31) == 0) { rv[threadIdx.x >> 5] = v; ri[threadIdx.x >> 5] = i; }\n"
                  "  __syncthreads();\n  v = rv[0]; i = ri[0];\n" + tail + "}\n")
 
 
@@ -234,13 +237,15 @@ def _arg(spec: Spec, style: str, *, swap: bool = False, axis: bool = False, shuf
     # 32 x 8 blocks: eight row slices per 32 columns, combined through shared memory in index order.
     combine = "" if partial else ("    for (int s = 1; s < 8; ++s) {\n      const float v2 = bv[s][threadIdx.x];\n"
                                   "      const int i2 = bn[s][threadIdx.x];\n"
-                                  f"      if (v2 {cmp} best || (v2 == best && i2 < bi)) {{ best = v2; bi = i2; }}\n    }}\n")
+                                  f"      if (v2 {cmp} best || (v2 == best && i2 < bi)) "
+                                  "{ best = v2; bi = i2; }\n    }\n")
     code = (helpers + f'extern "C" __global__ void arg_tiled({sig}) {{\n'
             "  __shared__ float bv[8][33];\n  __shared__ int bn[8][33];\n"
             "  const int m = blockIdx.x * 32 + threadIdx.x, b = blockIdx.y;\n"
             f"  float best = {ident};\n  int bi = 0;\n"
             "  if (m < M) {\n    const float* p = x + (long long)b * N * M + m;\n"
-            f"    for (int n = threadIdx.y; n < N; n += 8) {{\n      const float v = {pre('p[(long long)n * M]', '0')};\n"
+            "    for (int n = threadIdx.y; n < N; n += 8) {\n"
+            f"      const float v = {pre('p[(long long)n * M]', '0')};\n"
             f"      if (v {cmp} best) {{ best = v; bi = n; }}\n    }}\n  }}\n"
             "  bv[threadIdx.y][threadIdx.x] = best;\n  bn[threadIdx.y][threadIdx.x] = bi;\n  __syncthreads();\n"
             "  if (threadIdx.y == 0 && m < M) {\n" + combine + "    y[(long long)b * M + m] = bi;\n  }\n}\n")
@@ -290,7 +295,8 @@ def candidates(spec: Spec, rng: random.Random) -> list[Written]:
                    summary="One block per row scans 1024-element tiles: serial scans of 4 elements per thread, a "
                            "warp-shuffle scan of thread totals, warp offsets through shared memory, a running carry.")]
     N = spec.dim("N")
-    wrong = [("wrong_exclusive", "naive", {"exclusive": True}, 0, "writes the exclusive prefix (the sum before the element)"),
+    wrong = [("wrong_exclusive", "naive", {"exclusive": True}, 0,
+              "writes the exclusive prefix (the sum before the element)"),
              ("wrong_no_carry", "block", {"no_carry": True}, 2,
               "no carry between 1024-element tiles: every tile restarts from zero"),
              ("wrong_tail", "warp", {"tail": True}, 1,

@@ -103,7 +103,7 @@ class GenTask:
     return FAMILIES[self.family].module(self.spec, reduced=True)
 
   def written(self) -> list[Written]:
-    return FAMILIES[self.family].candidates(self.spec, random.Random(f"kevin_jax-writer:{self.id}"))
+    return list(_written(self.spec))
 
   def candidates(self, kinds: Sequence[str] = ("solution", "variant")) -> list[suite.SuiteCandidate]:
     """The labelled candidates (kernels.suite.SuiteCandidate, as the bundled suite's)."""
@@ -121,6 +121,12 @@ class GenTask:
     return {"level": self.level, "ops": list(self.spec.ops), "family": self.family, "split": self.split,
             "shapes": dict(self.spec.dims), "description": FAMILIES[self.family].describe(self.spec),
             "solutions": {w.name: {"expect": w.expect, **({"bug": w.bug} if w.bug else {})} for w in self.written()}}
+
+
+@functools.lru_cache(maxsize=4096)
+def _written(spec: Spec) -> tuple[Written, ...]:
+  """The writer's candidates of a spec (seeded by its id: the same spec always gets the same candidates)."""
+  return tuple(FAMILIES[spec.family].candidates(spec, random.Random(f"kevin_jax-writer:{spec.id}")))
 
 
 @dataclasses.dataclass(frozen=True)

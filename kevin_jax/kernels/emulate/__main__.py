@@ -31,7 +31,8 @@ SMALL = {  # Reduced sizes per level-1 task (module constants); every boundary c
     "16_BatchedMatmul": dict(BATCH=2, M=131, K=45, N=139), "17_MatVec": dict(M=37, K=1029),
     "18_MaxPool2d": dict(BATCH=2, CHANNELS=3, HEIGHT=17, WIDTH=19),
     "19_AvgPool2d": dict(BATCH=2, CHANNELS=3, HEIGHT=37, WIDTH=71), "20_Cumsum": dict(BATCH=5, DIM=2311),
-    "21_DepthwiseConv2d": dict(BATCH=2, CHANNELS=3, HEIGHT=37, WIDTH=71), "22_Conv2d": dict(BATCH=2, HEIGHT=19, WIDTH=21),
+    "21_DepthwiseConv2d": dict(BATCH=2, CHANNELS=3, HEIGHT=37, WIDTH=71),
+    "22_Conv2d": dict(BATCH=2, HEIGHT=19, WIDTH=21),
     "23_CrossEntropyLoss": dict(BATCH=37, CLASSES=211), "24_HuberLoss": dict(BATCH=37, DIM=211),
 }
 
