@@ -1,8 +1,9 @@
 """The kernel writer's labels, checked on the CPU for every family (the GPU check: experiments/verify_suite.py
 --source generated, tests/test_suite_gpu.py).
 
-For a fixed sample of the default world (the first tasks of each family in training and in held-out compositions,
-so every family's styles and mutations show up): every candidate's plan validates against the task and its code
+For a fixed sample of the default world (per family, the first tasks in world order that bring a candidate name
+not seen yet, or a split: every style and mutation the writer renders in the world, every split): every
+candidate's plan validates against the task and its code
 compiles with NVRTC (sm_90) exactly when its label says it should (format_error / compile_error candidates fail
 there, in that category); every candidate gets its label in the CPU emulator (kernels/emulate) at the task's
 reduced sizes, seeds fixed; the degenerate gate passes on the reduced twins of a sample of every family and split
@@ -19,8 +20,22 @@ from kevin_jax.data.taskgen import world
 from kevin_jax.kernels import static, suite, taskinfo, tasks
 from kevin_jax.kernels.emulate import emulator
 
-PER_FAMILY = {"train": 2, "heldout_compositions": 1}  # Tasks per family and split in the label sample.
 GATE_PER_CELL = 6  # Reduced twins per family and split in the CPU degenerate gate.
+
+
+def covering_sample(w: world.World) -> list:
+  """Per family, the first tasks (world order) that add a candidate name or a split not yet in the sample."""
+  chosen = []
+  for family in world.FAMILIES:
+    mine = [t for t in w.tasks if t.family == family]
+    names, splits = set(), set()
+    for t in mine:
+      new = {c.name for c in t.candidates()} - names
+      if new or t.split not in splits:
+        chosen.append(t)
+        names |= new
+        splits.add(t.split)
+  return chosen
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +43,17 @@ def sample():
   w = world.build(world.WorldConfig())
   root = world.materialize(world.WorldConfig())
   specs = {s.id: s for s in tasks.discover(root)}
-  chosen = []
-  for family in world.FAMILIES:
-    for split, n in PER_FAMILY.items():
-      chosen += [t for t in w.split(split) if t.family == family][:n]
-  return [(t, specs[t.id], t.candidates()) for t in chosen]
+  return [(t, specs[t.id], t.candidates()) for t in covering_sample(w)]
 
 
 def test_sample_covers_every_family_style_and_mutation(sample):
-  kinds = collections.Counter(c.name.split("_")[0] for _, _, cands in sample for c in cands)
-  assert {t.family for t, _, _ in sample} == set(world.FAMILIES)
-  assert kinds["naive"] == kinds["optimized"] == len(sample) and kinds["wrong"] >= 2 * len(sample)
-  expects = {c.expect for _, _, cands in sample for c in cands}
-  assert {"correct", "incorrect", "runtime_error", "format_error"} <= expects
+  w = world.build(world.WorldConfig())
+  every = {(t.family, c.name) for t in w.tasks for c in t.candidates()}
+  assert {(t.family, c.name) for t, _, cands in sample for c in cands} == every
+  assert {(t.family, t.split) for t, _, _ in sample} == {(f, s) for f in world.FAMILIES
+                                                          for s in world.GENERATED_SPLITS}
+  expects = collections.Counter(c.expect for _, _, cands in sample for c in cands)
+  assert {"correct", "incorrect", "runtime_error", "format_error"} <= set(expects) and len(sample) < 40
 
 
 def test_plans_validate_and_compile_with_nvrtc_as_labelled(sample, tmp_path):
