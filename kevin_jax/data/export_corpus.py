@@ -284,6 +284,7 @@ def world_examples(world, task_ids: Iterable[str] | None, results: dict[str, dic
             else [t.id for t in world.tasks if t.split in ("train", "heldout_styles")])
   records, notes = [], []
   suite_by_id = None
+  unrecorded = 0
   for tid in wanted:
     task = by_id.get(tid)
     if task is None:
@@ -294,12 +295,15 @@ def world_examples(world, task_ids: Iterable[str] | None, results: dict[str, dic
                                       reasoning, fit)
         records, notes = records + recs, notes + why
       continue
-    mine = None if results is None else results.get(tid, {})
+    mine = (results or {}).get(tid) or None
+    unrecorded += mine is None and task.split == "train"
     if task.split == "heldout_compositions":
       recs, why = examples_for_task(task, None, ("single",), reasoning, fit)
     else:
       recs, why = examples_for_task(task, mine, kinds, reasoning, fit, naive_only=task.split == "heldout_styles")
     records, notes = records + recs, notes + why
+  if unrecorded:
+    notes.append(f"{unrecorded} train tasks without evaluator records: {', '.join(NO_FEEDBACK_KINDS)} only")
   return records, notes
 
 
