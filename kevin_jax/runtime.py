@@ -269,7 +269,12 @@ def novelty_index(config):
     test_ids = {s.id for s in load_tasks(config, "test")[0]}
   except SystemExit:  # A source without a test split: nothing is held out of the corpus.
     test_ids = set()
-  index = km.CorpusIndex(sft_data.warm_start_texts(config, test_ids), n=n)
+  try:
+    texts = sft_data.warm_start_texts(config, test_ids)
+  except sft_data.CorpusError as e:  # E.g. an sft.corpus file that is not there: the job runs, without novelty.
+    logging.warning("novelty metric off: %s", e)
+    return None
+  index = km.CorpusIndex(texts, n=n)
   logging.info("novelty metric: %d distinct warm-start corpus kernels, token %d-grams", len(index), n)
   return index
 

@@ -207,3 +207,19 @@ def test_the_evaluator_gets_the_materialised_world(tmp_path, monkeypatch):
   seen.clear()
   runtime.make_reward(multiturn.get_config(), "bundled")
   assert seen["source"] == "bundled"
+
+
+def test_the_novelty_corpus_is_what_the_warm_start_trains_on(tmp_path, monkeypatch):
+  monkeypatch.setenv("KEVIN_JAX_TASKGEN_DIR", str(tmp_path))
+  c = _small_world_config()
+  index = runtime.novelty_index(c)
+  w = _fresh(SMALL)
+  text = lambda t, name: next(x.text for x in t.candidates() if x.name == name)
+  assert all(index.is_copy(text(t, "optimized")) for t in w.split("train"))
+  assert all(index.is_copy(text(t, "naive")) and not index.is_copy(text(t, "optimized"))
+             for t in w.split("heldout_styles"))
+  assert not any(index.is_copy(text(t, "naive")) for t in w.split("heldout_compositions"))  # Never trained on.
+  c.evaluation.novelty_ngram = 0
+  assert runtime.novelty_index(c) is None
+  c.evaluation.novelty_ngram, c.sft.corpus = 4, str(tmp_path / "missing.jsonl")
+  assert runtime.novelty_index(c) is None  # The job runs on, without the metric.
