@@ -8,6 +8,8 @@ Presets, comma-separated after a colon (big_vision style):
   configs/multiturn.py:paper      the paper's recipe: a local QwQ-32B-class HF checkpoint
                                   (--config.policy.checkpoint=DIR), KernelBench L1+L2
                                   (--config.tasks.source=DIR), 8 GPUs, 16k/22k-token responses.
+  configs/multiturn.py:world      the generated task world (tasks.source='generated') with in-job evaluations
+                                  on its four splits.
 Any field can be overridden: --config.rl.gamma=0.8. A misspelt field is an error (the config is locked).
 
 Paper values cite the Kevin paper (arXiv 2507.11948) by section: [P §n], [P Table n], [P eq. n].
@@ -186,7 +188,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # --- Tasks: the bundled suite or a KernelBench checkout. ---
   c.tasks = ml_collections.ConfigDict()
-  c.tasks.source = "bundled"  # 'bundled' | path to a KernelBench-style directory | path to one task file.
+  c.tasks.source = "bundled"  # 'bundled' | 'generated' (the seeded task world of kevin_jax/data/taskgen, sized by
+  #   tasks.world_*; splits train, heldout_compositions, heldout_styles, suite) | a task-world directory
+  #   (world.json) | path to a KernelBench-style directory | path to one task file.
+  c.tasks.world_seed = 0  # Seed of the generated world: the same seed and quotas give byte-identical task files.
+  c.tasks.world_train = 160  # Generated training tasks per family (5 families: elementwise, reduce, matmul,
+  #   pool, scan; kevin_jax/data/README.md).
+  c.tasks.world_heldout_compositions = 24  # Generated tasks per family whose op chain holds an op pair never seen
+  #   together in training (held out by a sha256 rule on the pair) and a size never seen in training.
+  c.tasks.world_heldout_styles = 16  # Generated tasks per family of training compositions whose warm-start corpus
+  #   entries are naive kernels only: a faster correct kernel there is not a copy of any corpus response.
   c.tasks.levels = (1, 2)  # Levels loaded from a KernelBench directory (level1/, level2/ ...).
   c.tasks.train_ids = ()  # Explicit training task ids ('level1/19_ReLU'); () = deterministic split.
   c.tasks.test_ids = ()  # Explicit held-out task ids; () = the complement of train_ids.
@@ -196,7 +207,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # --- Evaluation runs (mode=evaluate): best@k / avg@k / fast_p, test-time scaling [P §4]. ---
   c.evaluation = ml_collections.ConfigDict()
   c.evaluation.checkpoint = ""  # Orbax workdir or HF directory to evaluate ('' = this workdir's latest).
-  c.evaluation.split = "test"  # Which tasks: test | train | all.
+  c.evaluation.split = "test"  # Which tasks: test | train | all; a task world also has heldout_compositions |
+  #   heldout_styles | suite, and its test = heldout_compositions + suite (the tasks without corpus entries).
   c.evaluation.max_tasks = 0  # Evaluate at most this many tasks of the split (0 = all).
   c.evaluation.trajectories = 16  # Parallel trajectories per task, k in best@k [P Table 1: 16].
   c.evaluation.turns = 8  # Refinement turns per trajectory [P Table 1: 8 at test time].
@@ -217,7 +229,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   earlier run with the same seed and starting weights already has it: its sampling seed is the same).
   c.evaluation.in_training_trajectories = 4  # Parallel trajectories per task, k.
   c.evaluation.in_training_turns = 4  # Turns per trajectory (the training rollout's 4).
-  c.evaluation.in_training_max_tasks = 0  # At most this many tasks per split, in split order (0 = all).
+  c.evaluation.in_training_max_tasks = 0  # At most this many tasks per split, in split order (0 = all; a task
+  #   world's splits interleave its families, so any prefix is stratified).
+  c.evaluation.novelty_ngram = 4  # n of the token n-gram Jaccard in the novelty metric (rl/kernel_metrics.py:
+  #   correct kernels that are not copies of a warm-start corpus response; reported per split); 0 = off.
 
   # --- Supervised warm start (mode=sft, configs/sft.py, kevin_jax/sft.py): cross-entropy on response tokens. ---
   c.sft = ml_collections.ConfigDict()
@@ -335,5 +350,9 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.evaluation.in_training_every = 10  # ... every 10 steps.
       c.mesh.axes = (("fsdp", -1), ("tensor", 1))  # Pure FSDP over 8 GPUs.
       c.checkpoint.export_hf = False  # QwQ-32B: ~65 GB of safetensors gathered by one host; turn on to keep one.
+    elif name == "world":  # The generated task world (kevin_jax/data/taskgen) instead of the bundled suite.
+      c.tasks.source = "generated"
+      c.evaluation.in_training_splits = ("train", "heldout_compositions", "heldout_styles", "suite")
+      c.evaluation.in_training_max_tasks = 20  # Per split: 4 per family (the splits interleave families).
     else:
-      raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper")
+      raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper, world")

@@ -80,13 +80,25 @@ def summarize(turns: Sequence[ro.Turn], task_ids: Sequence[str], n_turns: int) -
   return out
 
 
+def novelty(turns: Sequence[ro.Turn], index) -> dict[str, float]:
+  """'novelty/<metric>' of the correct kernels among the turns (kernel_metrics.novelty_summary); {} without an
+  index."""
+  if index is None:
+    return {}
+  texts = [t.parsed.candidate_text for t in turns if t.result.get("status") == "correct"]
+  return {f"novelty/{k}": v for k, v in km.novelty_summary(texts, index).items()}
+
+
 def evaluate_policy(task_ids: Sequence[str], sources: dict[str, str], s: EvalSettings, *, seed: int,
-                    generate: Callable, reward: Callable, encode_chat: Callable) -> tuple[dict, list]:
-  """k trajectories x n turns per task (s.trajectories, s.turns); returns (summarize(...), the turns)."""
+                    generate: Callable, reward: Callable, encode_chat: Callable,
+                    novelty_index=None) -> tuple[dict, list]:
+  """k trajectories x n turns per task (s.trajectories, s.turns); returns (summarize(...) and, given a
+  kernel_metrics.CorpusIndex, the novelty of the correct kernels; the turns)."""
   turns, times = _run(task_ids, sources, s.trajectories, s.turns, seed, generate, reward, encode_chat, s)
   out = summarize(turns, task_ids, s.turns)
   out.update({"tasks": len(task_ids), "time/generate_s": times.generate_s, "time/evaluate_s": times.reward_s})
   out.update({f"evaluator/{k}": v for k, v in km.gpu_work(t.result for t in turns).items()})
+  out.update(novelty(turns, novelty_index))
   return out, turns
 
 
@@ -137,13 +149,15 @@ def _attempt(t: ro.Turn, max_chars: int):
 
 
 def run_evaluation(task_ids: Sequence[str], sources: dict[str, str], s: EvalSettings, *, seed: int,
-                   generate: Callable, reward: Callable, encode_chat: Callable, out_dir: str) -> dict:
+                   generate: Callable, reward: Callable, encode_chat: Callable, out_dir: str,
+                   novelty_index=None) -> dict:
   """Runs the main table, the budget comparison and (optionally) the beam search; writes the reports."""
   os.makedirs(out_dir, exist_ok=True)
   main_turns, times = _run(task_ids, sources, s.trajectories, s.turns, seed, generate, reward, encode_chat, s)
   report = {"per_turn": per_turn_table(main_turns, task_ids, s.turns), "budgets": [], "beam": [],
             "tasks": len(task_ids), "trajectories": s.trajectories, "turns": s.turns,
-            "generate_s": times.generate_s, "reward_s": times.reward_s}
+            "generate_s": times.generate_s, "reward_s": times.reward_s,
+            "novelty": novelty(main_turns, novelty_index)}
   traj_log = [("main", main_turns)]
   for b, (k, n) in enumerate(s.budgets):
     if (k, n) == (s.trajectories, s.turns):
@@ -171,6 +185,11 @@ def write_reports(report: dict, traj_log, out_dir: str) -> None:
            "| turn | " + " | ".join(c.replace("_best", f" best@{k}").replace("_avg", f" avg@{k}") for c in _COLS)
            + " |", "|" + "---|" * (len(_COLS) + 1)]
   lines += [f"| {r['turn']} | " + " | ".join(_fmt(c, r[c]) for c in _COLS) + " |" for r in report["per_turn"]]
+  nov = report.get("novelty") or {}
+  if nov:
+    lines += ["", f"Novelty of the {nov['novelty/correct_kernels']:.0f} correct kernels against the warm-start corpus: "
+              f"{100 * nov['novelty/novel_share']:.0f}% are not copies ({nov['novelty/novel_distinct']:.0f} distinct), "
+              f"mean nearest n-gram Jaccard {nov['novelty/nearest_jaccard_mean']:.2f}."]
   lines += ["", "Fixed kernel budgets (trajectories x turns):", "",
             "| trajectories | turns | kernels | perf best | correct best | perf avg | correct avg |",
             "|---|---|---|---|---|---|---|"]
@@ -242,7 +261,7 @@ def run(config, workdir: str) -> None:
     report = run_evaluation(
         [s.id for s in specs], sources, settings, seed=config.seed,
         generate=make_generate(policy, params, settings.temperature), reward=reward, encode_chat=policy.encode_chat,
-        out_dir=os.path.join(workdir, "eval"))
+        out_dir=os.path.join(workdir, "eval"), novelty_index=runtime.novelty_index(config))
   finally:
     if hasattr(reward, "close"):
       reward.close()

@@ -203,23 +203,80 @@ def restore_params(run_dir: str, policy: Policy):
   return restored.state.params
 
 
+WORLD_SPLITS = ("train", "heldout_compositions", "heldout_styles", "suite", "test", "all")
+
+
+def task_source(config) -> str:
+  """config.tasks.source, with 'generated' (or 'generated:SEED') materialised from tasks.world_* into its
+  content-addressed directory: the path every process (learner, evaluator workers) reads the same files from."""
+  t = config.tasks
+  if not tasks_lib.is_generated(t.source):
+    return t.source
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top  (pure Python)
+  wc = world.WorldConfig.from_config(t)
+  if ":" in t.source:
+    wc = dataclasses.replace(wc, seed=world.WorldConfig.parse(t.source).seed)
+  return world.materialize(wc)
+
+
 def load_tasks(config, split: str = "train") -> tuple[list[tasks_lib.TaskSpec], dict[str, str]]:
-  """The tasks of a split ('train' | 'test' | 'all') and their source texts; clear errors on a bad source."""
+  """The tasks of a split and their source texts; clear errors on a bad source or split.
+
+  Splits: 'train' | 'test' | 'all' for every source; a task world (tasks.source='generated') also has
+  'heldout_compositions', 'heldout_styles' and 'suite' (the bundled tasks), and its 'test' is
+  heldout_compositions + suite, the tasks that have no warm-start corpus entries.
+  """
   t = config.tasks
   try:
-    specs = tasks_lib.discover(t.source, levels=tuple(t.levels) if t.source != "bundled" else None)
-  except FileNotFoundError as e:
+    source = task_source(config)
+    worlds = tasks_lib.world_splits(source)
+  except (FileNotFoundError, ValueError) as e:
     raise SystemExit(f"error: task source: {e}") from e
-  try:
-    train, test = tasks_lib.split(specs, test_fraction=t.test_fraction, seed=t.split_seed,
-                                  train_ids=t.train_ids, test_ids=t.test_ids)
-  except ValueError as e:
-    raise SystemExit(f"error: task split: {e}") from e
-  chosen = {"train": train, "test": test, "all": specs}[split]
+  if worlds is not None:
+    if split not in WORLD_SPLITS:
+      raise SystemExit(f"error: split {split!r} of a task world; known: {', '.join(WORLD_SPLITS)}")
+    named = dict(worlds, test=worlds["heldout_compositions"] + worlds["suite"],
+                 all=[s for v in worlds.values() for s in v])
+    chosen = named[split]
+  else:
+    if split not in ("train", "test", "all"):
+      raise SystemExit(f"error: split {split!r}; known: train, test, all (named splits need a task world)")
+    try:
+      specs = tasks_lib.discover(source, levels=tuple(t.levels) if source != "bundled" else None)
+    except FileNotFoundError as e:
+      raise SystemExit(f"error: task source: {e}") from e
+    try:
+      train, test = tasks_lib.split(specs, test_fraction=t.test_fraction, seed=t.split_seed,
+                                    train_ids=t.train_ids, test_ids=t.test_ids)
+    except ValueError as e:
+      raise SystemExit(f"error: task split: {e}") from e
+    chosen = {"train": train, "test": test, "all": specs}[split]
   if not chosen:
     raise SystemExit(f"error: the {split} split of task source {t.source!r} is empty")
   sources = {s.id: s.source for s in chosen}
   return chosen, sources
+
+
+def novelty_index(config):
+  """The warm-start corpus's kernels indexed for the novelty metric (rl/kernel_metrics.CorpusIndex), or None when
+  evaluation.novelty_ngram is 0. The corpus is the one the warm start trains on (sft_data.warm_start_texts)."""
+  n = config.evaluation.novelty_ngram
+  if n <= 0:
+    return None
+  from kevin_jax.rl import kernel_metrics as km  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl import sft_data  # pylint: disable=g-import-not-at-top
+  try:
+    test_ids = {s.id for s in load_tasks(config, "test")[0]}
+  except SystemExit:  # A source without a test split: nothing is held out of the corpus.
+    test_ids = set()
+  try:
+    texts = sft_data.warm_start_texts(config, test_ids)
+  except sft_data.CorpusError as e:  # E.g. an sft.corpus file that is not there: the job runs, without novelty.
+    logging.warning("novelty metric off: %s", e)
+    return None
+  index = km.CorpusIndex(texts, n=n)
+  logging.info("novelty metric: %d distinct warm-start corpus kernels, token %d-grams", len(index), n)
+  return index
 
 
 def check_prompt_budget(policy: Policy, sources: dict[str, str], max_tokens: int) -> None:
@@ -232,9 +289,12 @@ def check_prompt_budget(policy: Policy, sources: dict[str, str], max_tokens: int
                      f"(rollout.max_context_tokens / sampler.prompt_buckets): {dict(list(too_long.items())[:5])}")
 
 
-def make_reward(config, task_source: str):
-  """The reward callable: the sandboxed CUDA evaluator (separate process) or the scripted test reward."""
+def make_reward(config, source: str):
+  """The reward callable: the sandboxed CUDA evaluator (separate process) or the scripted test reward. A
+  'generated' source is handed to the evaluator as its materialised directory (task_source)."""
   from kevin_jax.rl import reward  # pylint: disable=g-import-not-at-top
   if config.evaluator.backend == "scripted":
     return reward.ScriptedReward()
-  return reward.EvaluatorReward(config.evaluator.to_dict(), task_source)
+  if tasks_lib.is_generated(source):
+    source = task_source(config)
+  return reward.EvaluatorReward(config.evaluator.to_dict(), source)

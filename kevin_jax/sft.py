@@ -70,10 +70,11 @@ def load_data(config, tokenizer) -> Data:
       fit = sft_data.rollout_fit(tokenizer, int(config.rollout.max_context_tokens)) if s.fit_prompts else None
       try:
         records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds),
-                                          reasoning=s.corpus_reasoning, fit=fit)
+                                          reasoning=s.corpus_reasoning, fit=fit,
+                                          source=runtime.task_source(config))
       except ValueError as e:  # Unknown kinds or reasoning style.
         raise SystemExit(f"error: sft.corpus_kinds / sft.corpus_reasoning: {e}") from e
-      source = "the bundled suite (kevin_jax/data/export_corpus.py)"
+      source = f"task source {config.tasks.source!r} (kevin_jax/data/export_corpus.py)"
       if not records:
         raise sft_data.CorpusError(f"task source {config.tasks.source!r} has no bundled solutions to build a "
                                    "corpus from; give one with --config.sft.corpus=FILE.jsonl")

@@ -68,8 +68,10 @@ def make_generate(policy: runtime.Policy, params, temperature: float | None = No
 
 
 def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources: dict[str, str],
-            task_sampler: TaskSampler, grpo_cfg: grpo.GRPOConfig, workdir: str, ref_params=None):
-  """One RL step; returns (new state, metrics dict of host scalars). `ref_params`: rl.kl_beta's reference."""
+            task_sampler: TaskSampler, grpo_cfg: grpo.GRPOConfig, workdir: str, ref_params=None,
+            novelty_index=None):
+  """One RL step; returns (new state, metrics dict of host scalars). `ref_params`: rl.kl_beta's reference;
+  `novelty_index`: the warm-start corpus for the novelty metric (runtime.novelty_index)."""
   t_start = time.perf_counter()
   seed = step_seed(config.seed, step)
   task_ids = task_sampler.next(config.rollout.tasks_per_step)
@@ -88,7 +90,7 @@ def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources
   learner_metrics = jax.device_get(learner_metrics)
   check_finite(learner_metrics, step)
   learn_s = time.perf_counter() - t_learn
-  m = rollout_metrics(turns, times, returns, advantages)
+  m = rollout_metrics(turns, times, returns, advantages, novelty_index)
   m.update({f"learner/{k}": v for k, v in learner_metrics.items() if getattr(v, "ndim", 0) == 0})
   total = time.perf_counter() - t_start
   m.update({"time/learn_s": learn_s, "time/step_s": total, "time/share_generate": times.generate_s / total,
@@ -106,9 +108,11 @@ class InTrainingEval:
   workdir/eval_rollouts/step_NNNNNN_<split>.jsonl.
   """
 
-  def __init__(self, config, train_specs, train_sources: dict[str, str], policy: runtime.Policy, workdir: str):
+  def __init__(self, config, train_specs, train_sources: dict[str, str], policy: runtime.Policy, workdir: str,
+               novelty_index=None):
     e = config.evaluation
     self.config, self.policy, self.workdir = config, policy, workdir
+    self.novelty_index = novelty_index
     self.settings = evaluate.EvalSettings.in_training(config)
     self.splits: dict[str, tuple[list[str], dict[str, str]]] = {}
     for split in e.in_training_splits:
@@ -139,7 +143,7 @@ class InTrainingEval:
       summary, turns = evaluate.evaluate_policy(
           ids, sources, self.settings, seed=1_000_003 * (self.config.seed + 1) + i,
           generate=make_generate(self.policy, params, self.settings.temperature), reward=reward,
-          encode_chat=self.policy.encode_chat)
+          encode_chat=self.policy.encode_chat, novelty_index=self.novelty_index)
       _save_turns(self.workdir, step, turns, subdir="eval_rollouts", suffix=f"_{split}")
       out.update({f"{split}/{k}": v for k, v in summary.items()})
       k = self.settings.trajectories
@@ -253,7 +257,8 @@ def run(config, workdir: str) -> None:
     return
   if grpo_cfg.kl_beta > 0 and ref_params is None:  # Resumed: rebuild the starting policy from its source.
     ref_params = runtime.initial_params(config, policy, init_rng, src=_warm_start_dir(config, workdir))
-  in_eval = InTrainingEval(config, specs, sources, policy, workdir)
+  novelty = runtime.novelty_index(config)
+  in_eval = InTrainingEval(config, specs, sources, policy, workdir, novelty)
   reward = runtime.make_reward(config, config.tasks.source)
   writer = metrics_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   progress = metrics_lib.Progress(config.total_steps, "rl step", start=start, every_s=0.0, unit="steps")
@@ -267,7 +272,8 @@ def run(config, workdir: str) -> None:
     for step in range(start + 1, config.total_steps + 1):
       with budget.timing("step"):
         state, m = rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
-                           task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params)
+                           task_sampler=task_sampler, grpo_cfg=grpo_cfg, workdir=workdir, ref_params=ref_params,
+                           novelty_index=novelty)
       writer.write(step, m)
       progress.update(1, reward=m["reward/mean"], correct=m["correct/rate"],
                       grad_norm=float(m["learner/grad_norm"]), gen_s=m["time/generate_s"],

@@ -63,3 +63,24 @@ def test_report_numbers_and_files(tmp_path):
   assert "| 3 | 100% | 100% | 1.00x |" in md
   runs = {json.loads(l)["run"] for l in open(tmp_path / "trajectories.jsonl")}
   assert runs == {"main", "budget_6x1", "beam"}
+
+
+def test_novelty_of_correct_kernels_in_reports_and_summaries(tmp_path):
+  """Every correct kernel here is CAND: a copy of the corpus when the corpus holds it, novel otherwise."""
+  from kevin_jax.rl import kernel_metrics as km  # pylint: disable=g-import-not-at-top
+  copy = km.CorpusIndex([CAND.replace("{}", "{ }")])  # Same tokens: a normalised copy.
+  other = km.CorpusIndex(["```cuda\n__global__ void j(float* y) { y[0] = 1.0f; }\n```"])
+  s = _settings(budgets=(), beam=False)
+  rep = evaluate.run_evaluation(["t1"], SOURCES, s, seed=0, generate=fake_generate, reward=turn_reward,
+                                encode_chat=encode_chat, out_dir=str(tmp_path), novelty_index=copy)
+  # 2 trajectories x 3 turns, turns 2 and 3 correct: 4 correct kernels, all copies.
+  assert rep["novelty"] == {"novelty/correct_kernels": 4.0, "novelty/novel_share": 0.0,
+                            "novelty/novel_distinct": 0.0, "novelty/nearest_jaccard_mean": 1.0}
+  assert "4 correct kernels against the warm-start corpus: 0% are not copies" in (tmp_path / "results.md").read_text()
+  out, _ = evaluate.evaluate_policy(["t1"], SOURCES, s, seed=0, generate=fake_generate, reward=turn_reward,
+                                    encode_chat=encode_chat, novelty_index=other)
+  assert out["novelty/novel_share"] == 1.0 and out["novelty/novel_distinct"] == 1.0
+  assert 0.0 < out["novelty/nearest_jaccard_mean"] < 1.0
+  plain, _ = evaluate.evaluate_policy(["t1"], SOURCES, s, seed=0, generate=fake_generate, reward=turn_reward,
+                                      encode_chat=encode_chat)
+  assert not any(k.startswith("novelty/") for k in plain)

@@ -4,6 +4,7 @@ The results file here is built with the evaluator's own result/feedback code (ke
 statuses each candidate is labelled with; the committed corpus uses the real H200 run's file instead.
 """
 
+import collections
 import json
 
 import pytest
@@ -101,7 +102,9 @@ def test_later_turn_kinds_show_the_prompts_rollouts_produce(tmp_path, results_fi
   relu = {r["kind"]: r for r in _records(out) if r["task_id"] == "level1/01_ReLU"}
   assert set(relu) == set(export_corpus.ALL_KINDS)
   for kind in export_corpus.LATER_TURN_KINDS:
-    assert counts[kind] == 3  # The three tasks with results.
+    # keep_fast and fast_then_format quote recorded feedback: the three tasks with records; the format-error kinds
+    # need none (the rollout's own format-error text): every level-1 task.
+    assert counts[kind] == (24 if kind in export_corpus.NO_FEEDBACK_KINDS else 3), kind
     parsed = prompts.parse_response(relu[kind]["response"])
     assert parsed.error == "" and relu[kind]["target"] == "optimized" and prompts.opens_as_expected(parsed.reasoning)
     # The whole reasoning comes back (a quoted "</think>" would end it early and leave prose before the code).
@@ -192,7 +195,7 @@ def test_later_mixture_pairs_every_acted_on_feedback_with_one_that_is_not(tmp_pa
   assert export_corpus.export(quote, path, levels=[1], kinds=kinds) == counts
   slow = [r for r in _records(quote) if r["kind"] == "slow_again"]
   assert all("ms for PyTorch (0.50x)" in r["response"] and "I keep it:" in r["response"] for r in slow)
-  # The eleventh session's corpus (FIRST_TURN_MIXTURE, which its recorded runs pin) has neither.
+  # FIRST_TURN_MIXTURE (which recorded runs pin) has neither.
   assert not set(export_corpus.LATER_MIXTURE_KINDS) & set(export_corpus.FIRST_TURN_MIXTURE)
 
 
@@ -219,7 +222,9 @@ def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
       assert a["response"] == b["response"]
       continue
     assert not any(line in b["response"] for line in feedback_lines)
-    assert "x against" not in parsed.reasoning and " ms " not in parsed.reasoning and "bug" not in parsed.reasoning
+    description = next(t for t in suite.load_suite([1]) if t.id == b["task_id"]).meta["description"]
+    said = parsed.reasoning.replace(export_corpus._sentence(description), "")  # pylint: disable=protected-access
+    assert "x against" not in said and " ms " not in said and "bug" not in said
   speed = next(r for r in relu if r["kind"] == "speed_up")
   assert "0.50x" not in speed["response"] and "slower than it can be" in speed["response"]
   assert "fastest design" in next(r for r in relu if r["kind"] == "keep_fast")["response"]
@@ -230,12 +235,15 @@ def test_plain_reasoning_copies_nothing_from_the_prompt(tmp_path, results_file):
   assert [r["response"] for r in _records(plain)] == [r["response"] for r in p if r["kind"] in export_corpus.KINDS]
 
 
-def test_export_without_results_is_single_turn(tmp_path, capsys):
+def test_export_without_results_writes_only_kinds_without_feedback(tmp_path, capsys):
   out = str(tmp_path / "c.jsonl")
   assert export_corpus.main(["--out", out, "--results", "", "--levels", "1"]) == 0
   recs = _records(out)
   assert len(recs) == 48 and {r["kind"] for r in recs} == {"single"}
-  assert "single-turn only" in capsys.readouterr().out
+  assert "no records: single, retry_format, format_twice only" in capsys.readouterr().out
+  assert export_corpus.main(["--out", out, "--results", "", "--levels", "1", "--kinds", "all"]) == 0
+  assert collections.Counter(r["kind"] for r in _records(out)) == {"single": 48, "retry_format": 24,
+                                                                     "format_twice": 24}
   assert all(prompts.format_doc(with_example=True) in r["messages"][1]["content"] for r in recs)
 
 
@@ -257,3 +265,91 @@ def test_load_results_reads_verify_rows(tmp_path):
   p.write_text(json.dumps(rows))
   assert export_corpus.load_results(str(p)) == {"level1/01_ReLU": {"naive": {
       "status": "correct", "speedup": 0.9, "ref_time_ms": 0.6, "cand_time_ms": 0.66, "feedback": "Correct."}}}
+
+
+# --- the task world's corpus ----------------------------------------------------------------------------------------
+
+def _world():
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  return world.build(world.WorldConfig(seed=3, train=6, heldout_compositions=3, heldout_styles=2))
+
+
+def test_world_corpus_follows_the_splits():
+  w = _world()
+  first = w.split("train")[0]
+  recorded = {}
+  for c in first.candidates():
+    r = _result(first.id, c, {"naive": 0.5, "optimized": 1.1}.get(c.name, 0.8))
+    recorded[c.name] = {"status": r.status, "speedup": r.speedup, "ref_time_ms": r.ref_time_ms,
+                        "cand_time_ms": r.cand_time_ms, "feedback": r.feedback, "text_sha": export_corpus.text_sha(c.text)}
+  stale = next(c.name for c in first.candidates() if c.kind == "variant")
+  recorded[stale]["text_sha"] = "0" * 16  # A record of an older text of this candidate: left out.
+  recs, notes = export_corpus.world_examples(w, None, {first.id: recorded}, export_corpus.ALL_KINDS, "plain")
+  by_task = collections.defaultdict(list)
+  for r in recs:
+    by_task[r["task_id"]].append(r)
+  assert set(by_task) == {t.id for t in w.split("train") + w.split("heldout_styles")}
+  for t in w.split("heldout_styles"):
+    assert [(r["kind"], r["target"]) for r in by_task[t.id]] == [("single", "naive")]
+  for t in w.split("train")[1:]:  # No records: only what needs no evaluator feedback.
+    kinds = collections.Counter(r["kind"] for r in by_task[t.id])
+    styles = [c.name for c in t.candidates() if c.expect == "correct"]
+    assert kinds == {"single": len(styles), "retry_format": 1, "format_twice": 1}
+    assert sorted(r["target"] for r in by_task[t.id] if r["kind"] == "single") == sorted(styles)
+  mine = by_task[first.id]
+  assert {"fix_wrong", "speed_up", "keep_fast", "first_wrong", "wrong_again"} <= {r["kind"] for r in mine}
+  assert not any(stale in r["attempts"] or r["target"] == stale for r in mine)
+  assert any("another text" in n for n in notes)
+  cands = {c.name: c for c in first.candidates()}
+  for r in recs:
+    parsed = prompts.parse_response(r["response"])
+    task = w.by_id()[r["task_id"]]
+    target = {c.name: c for c in task.candidates()}[r["target"]]
+    assert parsed.error == "" and parsed.candidate_text == target.text and prompts.opens_as_expected(parsed.reasoning)
+    assert r["messages"][1]["content"].count(task.source.strip()) == 1
+  fix = next(r for r in mine if r["kind"] == "fix_wrong")
+  assert recorded[fix["attempts"][0]]["feedback"] in fix["messages"][1]["content"]
+  assert cands[fix["target"]].name == "optimized"
+
+
+def test_no_faster_kernel_of_a_heldout_style_task_is_in_the_corpus():
+  """The warm-start corpus of the default world holds none of the heldout_styles tasks' non-naive correct kernels,
+  not even as another task's (normalised) response: tasks sharing kernels share a signature, hence a split."""
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl import kernel_metrics as km  # pylint: disable=g-import-not-at-top
+  w = world.build(world.WorldConfig())
+  recs, _ = export_corpus.world_examples(w, None, None, export_corpus.ALL_KINDS, "plain")
+  corpus = {km.normalize(prompts.parse_response(r["response"]).candidate_text) for r in recs}
+  faster = [(t.id, c.name, km.normalize(c.text)) for t in w.split("heldout_styles") for c in t.candidates()
+            if c.expect == "correct" and c.name != "naive"]
+  assert len(faster) >= 2 * len(w.split("heldout_styles"))
+  leaked = [(tid, name) for tid, name, text in faster if text in corpus]
+  assert not leaked, leaked[:5]
+  naive = [km.normalize(next(c.text for c in t.candidates() if c.name == "naive")) for t in w.split("heldout_styles")]
+  assert all(n in corpus for n in naive)
+
+
+def test_world_corpus_in_memory_matches_the_export(tmp_path, monkeypatch):
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("KEVIN_JAX_TASKGEN_DIR", str(tmp_path))
+  w = _world()
+  d = world.materialize(w.config)
+  ids = [t.id for t in w.tasks] + ["level1/01_ReLU"]
+  mem = sft_data.bundled_corpus(ids, kinds=("single", "retry_format"), reasoning="plain", source=d)
+  exported = export_corpus.world_examples(w, ids, None, ("single", "retry_format"), "plain")[0]
+  assert mem == exported
+  assert {r["task_id"] for r in mem} == set(ids)  # heldout_compositions: single only; the suite's ReLU as bundled.
+  hc = {t.id for t in w.split("heldout_compositions")}
+  assert {r["kind"] for r in mem if r["task_id"] in hc} == {"single"}
+
+
+def test_world_corpus_cli(tmp_path):
+  out = str(tmp_path / "world.jsonl")
+  assert export_corpus.main(["--out", out, "--source", "generated:3", "--kinds", "single", "--results", ""]) == 0
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  w = world.build(world.WorldConfig.parse("generated:3"))
+  recs = _records(out)
+  n_styles = sum(c.expect == "correct" for t in w.split("train") for c in t.candidates())
+  assert len(recs) == n_styles + len(w.split("heldout_styles"))
+  with pytest.raises(SystemExit):
+    export_corpus.main(["--out", out, "--source", "generated", "--split", "test"])

@@ -75,3 +75,62 @@ def test_gpu_work_counts_each_evaluation_once():
   got = km.gpu_work([a, b, dict(a), static, fmt, a, cached, dict(cached)])  # same eval_id: the same evaluation
   assert got == {"gpu_runs": 2.0, "gpu_s": 1.75, "cached": 2.0}
   assert km.gpu_work([]) == {"gpu_runs": 0.0, "gpu_s": 0.0, "cached": 0.0}
+
+
+# --- novelty ------------------------------------------------------------------------------------------------------
+
+def _cand(body: str, plan: str = "launch k grid=(1,) block=(1,) args=(out)") -> str:
+  return f"```cuda\n{body}\n```\n```plan\n{plan}\n```"
+
+
+def test_normalize_ignores_comments_and_layout_only():
+  a = _cand('extern "C" __global__ void k(float* y) {\n  y[0] = 1.0f;  // one\n}')
+  b = _cand('/* same kernel */ extern "C" __global__ void k(float* y) { y[0] =\n 1.0f; }', "launch k grid=(1,) "
+            "block=(1,) args=(out)  # one thread")
+  assert km.normalize(a) == km.normalize(b)
+  assert km.normalize(a) != km.normalize(a.replace("1.0f", "2.0f"))
+  assert km.kernel_tokens("x[i % L] += 2.5e-3f;") == ["x", "[", "i", "%", "L", "]", "+", "=", "2.5e-3f", ";"]
+
+
+def test_corpus_index_by_hand():
+  """Token bigrams (n=2) of three tiny 'kernels' whose Jaccard indices are easy to count."""
+  idx = km.CorpusIndex(["a b c d", "a b x y", "a b c d"], n=2)  # The duplicate is one response.
+  assert len(idx) == 2
+  assert idx.is_copy("a  b c\nd // trailing comment") and not idx.is_copy("a b c")
+  # "a b c" -> {ab, bc}; vs "a b c d" {ab, bc, cd}: 2 / 3; vs "a b x y" {ab, bx, xy}: 1 / 4.
+  assert idx.nearest("a b c") == pytest.approx(2 / 3)
+  # "a b x z" -> {ab, bx, xz}: vs doc 2 {ab, bx, xy}: 2 / 4; vs doc 1: 1 / 5.
+  assert idx.nearest("a b x z") == pytest.approx(0.5)
+  # A repeated unseen gram counts once: "q r q r" -> {qr, rq}: nothing shared.
+  assert idx.nearest("q r q r") == 0.0
+  assert idx.nearest("a b c d") == 1.0
+  assert km.CorpusIndex([], n=2).nearest("a b") == 0.0
+  with pytest.raises(ValueError):
+    km.CorpusIndex(["a"], n=0)
+
+
+def test_novelty_summary_by_hand():
+  idx = km.CorpusIndex(["a b c d", "a b x y"], n=2)
+  s = km.novelty_summary(["a b c d", "a b c", "a b c", "a b x z"], idx)
+  # One copy, three novel kernels of which two are the same text; nearest 1, 2/3, 2/3, 1/2.
+  assert s == {"correct_kernels": 4.0, "novel_share": 0.75, "novel_distinct": 2.0,
+               "nearest_jaccard_mean": pytest.approx((1 + 2 / 3 + 2 / 3 + 0.5) / 4)}
+  assert km.novelty_summary([], idx) == {"correct_kernels": 0.0, "novel_share": 0.0, "novel_distinct": 0.0,
+                                         "nearest_jaccard_mean": 0.0}
+
+
+def test_rl_step_metrics_report_novelty_of_the_correct_kernels():
+  from kevin_jax.rl import prompts  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl import rollout as ro  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl.step_metrics import rollout_metrics  # pylint: disable=g-import-not-at-top
+  texts = ["a b c d", "a b c", "q r s"]  # A corpus copy, a near copy, and a wrong kernel.
+  statuses = ["correct", "correct", "incorrect"]
+  turns = [ro.Turn("t", traj=k, turn=0, prompt_ids=[1], response_ids=[1, 2], logprobs=np.zeros(2), response=t,
+                   parsed=prompts.ParsedResponse("Okay,", t, "", ""), finish_reason="eos",
+                   result={"status": s, "score": 1.0 if s == "correct" else 0.0})
+           for k, (t, s) in enumerate(zip(texts, statuses))]
+  m = rollout_metrics(turns, ro.RolloutTimes(1.0, 1.0, 6, 3), np.zeros(3), np.zeros(3),
+                      km.CorpusIndex(["a b c d"], n=2))
+  assert m["novelty/correct_kernels"] == 2.0 and m["novelty/novel_share"] == 0.5
+  assert m["novelty/nearest_jaccard_mean"] == pytest.approx((1.0 + 2 / 3) / 2)
+  assert "novelty/novel_share" not in rollout_metrics(turns, ro.RolloutTimes(), np.zeros(3), np.zeros(3))

@@ -59,42 +59,16 @@ def test_gate_accepts_a_healthy_output_and_integer_outputs():
   assert st["zeros"] < 0.05 and st["constant"] < 0.05 and st["identity"] < 0.05 and st["varying"] > 0.9
 
 
-def _first_tensor(xs):
-  return next((x for x in xs if isinstance(x, torch.Tensor)), None)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", [t.id for t in SUITE])
 def test_task_is_not_degenerate(task_id):
   task = next(t for t in SUITE if t.id == task_id)
   module = tasks.load_module(task.spec)
-  atol = float(getattr(module, "ATOL", ATOL))
-  rtol = float(getattr(module, "RTOL", RTOL))
   torch.set_num_threads(max(1, torch.get_num_threads()))
-  with torch.no_grad():
-    torch.manual_seed(1234)
-    model = module.Model(*module.get_init_inputs())
-    torch.manual_seed(1)
-    xs = module.get_inputs()
-    ys = suite_outputs(model(*xs))
-    torch.manual_seed(2)
-    xs_other = module.get_inputs()
-    ys_other = suite_outputs(model(*xs_other))
-    del xs_other
-    ys_w = [None] * len(ys)
-    if any(p.is_floating_point() for p in model.parameters()):
-      torch.manual_seed(4321)
-      ys_w = suite_outputs(module.Model(*module.get_init_inputs())(*xs))
   report = []
-  for k, (y, yo, yw) in enumerate(zip(ys, ys_other, ys_w)):
-    st = suite.degeneracy_stats(y, atol=atol, rtol=rtol, y_other_inputs=yo, y_other_weights=yw,
-                                x=_first_tensor(xs))
+  for k, st in enumerate(suite.gate_module(module, atol=ATOL, rtol=RTOL)):
     print(f"{task_id} out{k}: " + ", ".join(f"{n}={st[n]:.4f}" for n in
                                              ("zeros", "constant", "identity", "varying", "weight_sensitive")
                                              if st[n] is not None))
     report += [f"out{k}: {p}" for p in st["problems"]]
   assert not report, f"{task_id} is degenerate: {report}"
-
-
-def suite_outputs(out):
-  return list(out) if isinstance(out, (tuple, list)) else [out]

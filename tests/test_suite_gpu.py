@@ -83,3 +83,50 @@ def test_verify_pipeline_with_the_fake_worker(tmp_path, monkeypatch):
   data = json.loads(compact.read_text())
   assert data["results"]["level1/07_Argmax"]["naive"]["feedback"] == "new text"
   assert "wrong_undeclared" in data["results"]["level1/04_ELU"]
+
+
+def _fake_evaluator(monkeypatch):
+  import functools  # pylint: disable=g-import-not-at-top
+  from kevin_jax.kernels import evaluator  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(evaluator, "Evaluator", functools.partial(Evaluator, _gpu_role="fake", _gpu_slots=1))
+
+
+def test_world_verify_pipeline_with_the_fake_worker(tmp_path, monkeypatch):
+  """--source generated on the CPU: the stratified sample, the label and eager passes, the tables, and
+  --update-world. The fake worker calls every candidate that compiles 'correct' at 2x (1 ms reference)."""
+  vs = _verify_module()
+  _fake_evaluator(monkeypatch)
+  out = tmp_path / "out"
+  rc = vs.main(["--source", "generated", "--per-cell", "1", "--out", str(out), "--chunk", "50", "--trials", "1",
+                "--no-degenerate", "--workers-per-gpu", "1"])
+  assert rc == 1  # Runtime-wrong variants are 'correct' on the fake worker: mismatches, as they must be.
+  res = json.loads((out / "results.json").read_text())
+  assert len(res["tasks"]) == 15 and {v["family"] for v in res["tasks"].values()} == {
+      "elementwise", "reduce", "matmul", "pool", "scan"}
+  assert {v["split"] for v in res["tasks"].values()} == {"train", "heldout_compositions", "heldout_styles"}
+  for row in res["results"]:
+    static_label = row["expect"] in ("format_error", "compile_error")
+    assert row["match"] == (static_label or row["expect"] == "correct"), row["candidate"]
+  assert all(r["ref_time_ms"] == 1.0 and r["speedup"] == 2.0 for r in res["eager"].values())
+  summary = (out / "summary.md").read_text()
+  assert "| optimized | 15/15 |" in summary and "degenerate_" not in summary  # --no-degenerate.
+  assert "| elementwise | 3 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 3/3 | 2.00x |" in summary
+  records = tmp_path / "world_results.json"
+  assert "15 tasks" in vs.update_world(str(out / "results.json"), str(records))
+  data = json.loads(records.read_text())
+  some = next(iter(data["results"].values()))
+  assert some["optimized"]["speedup"] == 2.0 and len(some["naive"]["text_sha"]) == 16
+  res["run"]["world"]["seed"] = 99
+  (out / "results.json").write_text(json.dumps(res))
+  with pytest.raises(SystemExit, match="another world"):
+    vs.update_world(str(out / "results.json"), str(records))
+
+
+@pytest.mark.gpu
+def test_world_sample_gets_its_labels_on_the_gpu(tmp_path):
+  """Two tasks per family x split of the task world (30 tasks, every candidate and the degenerate ones) through
+  the real evaluator (one H100/H200: about 2 minutes; the full 300-task check is experiments/verify_suite.py)."""
+  vs = _verify_module()
+  rc = vs.main(["--source", "generated", "--per-cell", "2", "--out", str(tmp_path), "--trials", "3"])
+  bad = vs.mismatch_lines(json.loads((tmp_path / "results.json").read_text())["results"])
+  assert rc == 0 and not bad, "\n".join(bad)

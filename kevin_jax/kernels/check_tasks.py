@@ -3,6 +3,12 @@
   python -m kevin_jax.kernels.check_tasks --source bundled
   python -m kevin_jax.kernels.check_tasks --source ~/KernelBench/KernelBench --levels 1,2 \
       --config configs/kernelbench.py          # also check the config's train/test ids against the source
+  python -m kevin_jax.kernels.check_tasks --source generated --config configs/multiturn.py
+      # the task world of the config's tasks.world_* fields: families, split sizes, the degenerate gate
+
+A generated source (or a task-world directory) is summarised per family: split sizes, main ops, how many tasks
+load, the model's eager-time range, and the degenerate gate (kernels/suite.py) run on every task's reduced twin
+on the CPU (`--gate full` at the real sizes: minutes per family); per-task lines only for failures (`-v`: all).
 
 Each task goes through the stages a training run needs, and the first failing stage is reported:
   import       the file executes and defines Model, get_inputs, get_init_inputs (KernelBench format)
@@ -21,6 +27,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -134,6 +141,74 @@ def split_report(specs, cfg) -> tuple[dict, list[str]]:
   return {"train": count(train), "test": count(test)}, []
 
 
+def _world_config(source: str, config_arg: str):
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  if config_arg:
+    wc = world.WorldConfig.from_config(_load_config(config_arg).tasks)
+    if ":" in source:
+      wc = dataclasses.replace(wc, seed=world.WorldConfig.parse(source).seed)
+    return wc
+  if tasks.is_generated(source):
+    return world.WorldConfig.parse(source)
+  return world.from_source(source).config
+
+
+def gate_task(task, full: bool = False) -> list[str]:
+  """The degenerate gate's complaints about a generated task, at its reduced (or real) sizes."""
+  import types  # pylint: disable=g-import-not-at-top
+  from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
+  module = types.ModuleType("gated_task")
+  text = task.source if full else task.reduced_source
+  exec(compile(text, task.id, "exec"), module.__dict__)  # pylint: disable=exec-used  # A generated task module.
+  return [f"out{k}: {p}" for k, st in enumerate(suite.gate_module(module)) for p in st["problems"]]
+
+
+def check_world(source: str, config_arg: str = "", gate: str = "reduced", verbose: bool = False,
+                cpu_limit_mb: float = 256.0, out=print) -> tuple[int, list[dict]]:
+  """The task-world report (module docstring); returns (exit status, per-task rows)."""
+  import statistics  # pylint: disable=g-import-not-at-top
+  from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top
+  wc = _world_config(source, config_arg)
+  w = world.build(wc)
+  root = world.materialize(wc)
+  specs = {s.id: s for s in tasks.discover(root)}
+  out(f"task world: seed {wc.seed}; per family {wc.train} train, {wc.heldout_compositions} heldout_compositions, "
+      f"{wc.heldout_styles} heldout_styles -> {root}")
+  rows = []
+  t0 = time.perf_counter()
+  for t in w.tasks:
+    c = check_task(specs[t.id], cpu_limit_mb)
+    problems = gate_task(t, full=gate == "full") if gate != "none" and c.ok else []
+    rows.append({"id": t.id, "family": t.family, "split": t.split, "main": t.spec.main, "ok": c.ok,
+                 "stage": c.stage, "reason": c.reason, "gate": problems, "model_ms": t.spec.model_ms})
+    if not c.ok or problems or verbose:
+      what = f"{c.stage}: {c.reason}" if not c.ok else ("; ".join(problems) if problems else "ok")
+      out(f"{'ok   ' if c.ok and not problems else 'FAIL '} {t.id} [{t.split}]: {what}")
+  out(f"{'family':12s} {'train':>5s} {'h_comp':>6s} {'h_style':>7s} {'load':>8s} {'gate':>8s}  "
+      f"{'model eager ms min/med/max':>26s}  main ops")
+  for family in world.FAMILIES:
+    mine = [r for r in rows if r["family"] == family]
+    n = {sp: sum(r["split"] == sp for r in mine) for sp in world.GENERATED_SPLITS}
+    ms = [r["model_ms"] for r in mine]
+    mains: dict[str, int] = {}
+    for r in mine:
+      mains[r["main"]] = mains.get(r["main"], 0) + 1
+    gate_cell = f"{sum(not r['gate'] for r in mine if r['ok'])}/{len(mine)}" if gate != "none" else "-"
+    out(f"{family:12s} {n['train']:5d} {n['heldout_compositions']:6d} {n['heldout_styles']:7d} "
+        f"{sum(r['ok'] for r in mine):4d}/{len(mine):<3d} {gate_cell:>8s}  "
+        f"{min(ms):8.2f} {statistics.median(ms):8.2f} {max(ms):8.2f}  "
+        + ", ".join(f"{k} {v}" for k, v in sorted(mains.items(), key=lambda kv: -kv[1])))
+  generated = {r["id"] for r in rows}
+  n_suite = sum(s.id not in generated for s in specs.values())
+  bad = [r for r in rows if not r["ok"] or r["gate"]]
+  out(f"suite: {n_suite} bundled tasks (split 'suite')")
+  out(f"{len(rows)} generated tasks: {sum(r['ok'] for r in rows)} load, {sum(not r['ok'] for r in rows)} fail; "
+      + (f"degenerate gate at {gate} sizes: {sum(not r['gate'] for r in rows if r['ok'])} pass, "
+         f"{sum(bool(r['gate']) for r in rows)} fail" if gate != "none" else "degenerate gate not run")
+      + f" ({time.perf_counter() - t0:.0f} s)")
+  return (1 if bad else 0), rows
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--source", default="bundled", help="'bundled', a KernelBench-style directory, or one task file")
@@ -143,7 +218,16 @@ def main(argv=None) -> int:
                  help="largest input size (MB) run on the CPU when forward has no meta implementation")
   p.add_argument("--json", default="", help="also write the per-task results to this JSON file")
   p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
+  p.add_argument("-v", "--verbose", action="store_true", help="task world: a line per task")
+  p.add_argument("--gate", choices=("reduced", "full", "none"), default="reduced",
+                 help="task world: the degenerate gate at the reduced sizes (default), the real sizes, or not at all")
   a = p.parse_args(argv)
+  if tasks.is_generated(a.source) or os.path.isfile(os.path.join(os.path.expanduser(a.source), tasks.WORLD_MANIFEST)):
+    status, rows = check_world(a.source, a.config, a.gate, a.verbose, a.cpu_limit_mb)
+    if a.json:
+      with open(a.json, "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=1)
+    return status
   levels = [int(x) for x in a.levels.split(",") if x.strip()] or None
   try:
     specs = tasks.discover(a.source, levels)

@@ -1,6 +1,6 @@
 """The bundled task suite: tasks, their labelled candidates, metadata, and the degenerate candidates.
 
-Layout (kevin_jax/data; conventions in .notes/suite.md):
+Layout (kevin_jax/data; conventions in kevin_jax/data/README.md):
 
     tasks/level<L>/<NN_Name>.py              KernelBench-format task
     solutions/level<L>/<NN_Name>/meta.json   level, ops, shapes, description, H200 numbers, labelled candidates
@@ -9,8 +9,10 @@ Layout (kevin_jax/data; conventions in .notes/suite.md):
 
 Every task must also reject three *degenerate* candidates generated here (evaluator-anchors §6.6): one writes
 zeros into every output, one a constant, one the first input tensor (cast, wrapped around when the output is
-larger). Shared by the CI tests, the degenerate-task gate, experiments/verify_suite.py and the corpus export.
-Evaluator side: imports no JAX; torch only through taskinfo.analyze_task (lazily).
+larger); on the CPU, `gate_module` checks a task module's outputs against them with real numbers. Candidates,
+degenerate candidates and the gate serve the generated task world too (kevin_jax/data/taskgen). Shared by the CI
+tests, the degenerate-task gate, check_tasks, experiments/verify_suite.py and the corpus export.
+Evaluator side: imports no JAX; torch only lazily (taskinfo.analyze_task, the gate).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class SuiteTask:
   @property
   def level(self) -> int:
     return self.spec.level
+
+  @property
+  def source(self) -> str:
+    """The task module's text (what prompts show)."""
+    return self.spec.source
 
   @property
   def solutions_dir(self) -> str:
@@ -334,6 +341,34 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
     problems.append(f"only {st['weight_sensitive']:.2%} of the elements change with the weights")
   st["problems"] = problems
   return st
+
+
+def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]:
+  """The degenerate gate on one task module at its own sizes (CPU, real numbers): degeneracy_stats per output.
+
+  The reference runs on one input draw, on a second draw, and (when the model has floating parameters) with a
+  second weight draw; the first tensor input is what the identity candidate copies. A task's ATOL / RTOL override
+  the given tolerances. Returns one stats dict per output (`problems` lists the gate's complaints).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  atol = float(getattr(module, "ATOL", atol))
+  rtol = float(getattr(module, "RTOL", rtol))
+  as_list = lambda out: list(out) if isinstance(out, (tuple, list)) else [out]
+  with torch.no_grad():
+    torch.manual_seed(1234)
+    model = module.Model(*module.get_init_inputs())
+    torch.manual_seed(1)
+    xs = module.get_inputs()
+    ys = as_list(model(*xs))
+    torch.manual_seed(2)
+    ys_other = as_list(model(*module.get_inputs()))
+    ys_w = [None] * len(ys)
+    if any(p.is_floating_point() for p in model.parameters()):
+      torch.manual_seed(4321)
+      ys_w = as_list(module.Model(*module.get_init_inputs())(*xs))
+  first = next((x for x in xs if isinstance(x, torch.Tensor)), None)
+  return [degeneracy_stats(y, atol=atol, rtol=rtol, y_other_inputs=yo, y_other_weights=yw, x=first)
+          for y, yo, yw in zip(ys, ys_other, ys_w)]
 
 
 def task_info(task: SuiteTask):

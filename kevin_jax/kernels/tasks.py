@@ -1,8 +1,12 @@
-"""Task sources: the bundled suite, a KernelBench-style directory, or one task file.
+"""Task sources: the bundled suite, the generated task world, a KernelBench-style directory, or one task file.
 
 A task is a KernelBench-format PyTorch program: `class Model(nn.Module)`, `get_inputs()`, `get_init_inputs()`.
-Discovery and splitting only read file names and text, so the learner side can list tasks and build prompts
-without importing torch; `load_module` executes a task file and belongs to the evaluator side.
+Sources: 'bundled'; 'generated' or 'generated:SEED' (kevin_jax/data/taskgen, written once into a
+content-addressed directory that every process resolves to the same files); a directory with a task-world
+manifest (world.json: named splits, the bundled suite as split 'suite'); a directory with level<N>/ folders or
+task files; one task file. Discovery and splitting only read file names and text, so the learner side can list
+tasks and build prompts without importing torch; `load_module` executes a task file and belongs to the
+evaluator side.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import random
 import re
@@ -17,7 +22,9 @@ import sys
 from typing import Iterable, Sequence
 
 BUNDLED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tasks")
+WORLD_MANIFEST = "world.json"
 _LEVEL_DIR = re.compile(r"^level(\d+)$")
+_GENERATED = re.compile(r"^generated(:\d+)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,17 +49,35 @@ def _read(path: str) -> str:
     return f.read()
 
 
+def is_generated(source: str) -> bool:
+  """'generated' or 'generated:SEED'."""
+  return bool(_GENERATED.match(str(source).strip()))
+
+
+def resolve(source: str) -> str:
+  """The directory or file a source names; 'generated[:SEED]' is materialised first (default quotas)."""
+  if source == "bundled":
+    return BUNDLED_DIR
+  if is_generated(source):
+    from kevin_jax.data.taskgen import world  # pylint: disable=g-import-not-at-top  # Pure Python; imports us.
+    return world.materialize(world.WorldConfig.parse(source))
+  return os.path.abspath(os.path.expanduser(source))
+
+
 def discover(source: str = "bundled", levels: Sequence[int] | None = None) -> list[TaskSpec]:
-  """Lists the tasks of a source, sorted by id.
+  """Lists the tasks of a source, sorted by id (a task world: in manifest order).
 
   Args:
-    source: 'bundled', a directory holding level<N>/ subdirectories (a KernelBench checkout's
-      `KernelBench/` folder) or task files directly, or one task file.
-    levels: keep only these levels (directory sources); None = all.
+    source: 'bundled', 'generated[:SEED]', a task-world directory, a directory holding level<N>/
+      subdirectories (a KernelBench checkout's `KernelBench/` folder) or task files directly, or one task file.
+    levels: keep only these levels; None = all.
   Raises:
     FileNotFoundError: the source does not exist or holds no task files.
   """
-  root = BUNDLED_DIR if source == "bundled" else os.path.abspath(os.path.expanduser(source))
+  root = resolve(source)
+  if os.path.isfile(os.path.join(root, WORLD_MANIFEST)):
+    specs = [s for split in world_splits(root).values() for s in split]
+    return [s for s in specs if levels is None or s.level in levels]
   if os.path.isfile(root):
     if not root.endswith(".py"):
       raise FileNotFoundError(f"task file must be a .py file: {root}")
@@ -75,6 +100,30 @@ def discover(source: str = "bundled", levels: Sequence[int] | None = None) -> li
     raise FileNotFoundError(
         f"no task files in {root}" + (f" for levels {list(levels)}" if levels is not None else ""))
   return sorted(specs, key=lambda s: (s.level, _natural_key(s.id)))
+
+
+@functools.lru_cache(maxsize=16)
+def _manifest(root: str) -> dict:
+  with open(os.path.join(root, WORLD_MANIFEST), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def world_splits(source: str) -> dict[str, list[TaskSpec]] | None:
+  """{split: tasks} of a task world (a 'generated' source or a directory with world.json); None otherwise.
+
+  Splits: train, heldout_compositions, heldout_styles (kevin_jax/data/taskgen/world.py) and suite (the bundled
+  tasks, from this package's copy).
+  """
+  root = resolve(source)
+  if not os.path.isfile(os.path.join(root, WORLD_MANIFEST)):
+    return None
+  m = _manifest(root)
+  out: dict[str, list[TaskSpec]] = {}
+  for t in m["tasks"]:
+    out.setdefault(t["split"], []).append(TaskSpec(id=t["id"], path=os.path.join(root, t["path"]), level=t["level"]))
+  out["suite"] = [TaskSpec(id=t["id"], path=os.path.join(BUNDLED_DIR, t["id"] + ".py"), level=t["level"])
+                  for t in m["suite"]]
+  return out
 
 
 def _is_task_file(name: str) -> bool:

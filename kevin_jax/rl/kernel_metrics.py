@@ -9,10 +9,17 @@ Definitions [P §4]:
 - "at turn t" uses only the first t turns of each trajectory.
 
 Arrays: correct_KxN (bool) and speedup_KxN (float, ignored where not correct) for K trajectories of N turns.
+
+Novelty (is a correct kernel the policy's own, or a corpus answer repeated?): against the warm-start corpus's
+responses, a kernel is a *copy* when its normalised text (comments removed, whitespace collapsed; `normalize`)
+equals a corpus response's, and its *nearest similarity* is the largest token n-gram Jaccard index
+|A & B| / |A | B| between its n-gram set and a corpus response's (`CorpusIndex.nearest`; 1.0 for a copy).
+`novelty_summary` reports, over correct kernels: the share that are not copies and the mean nearest similarity.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Iterable, Sequence
 
@@ -97,3 +104,87 @@ def gpu_work(results: Iterable[dict]) -> dict[str, float]:
       ran[r.get("eval_id") or id(r)] = r["times"]["gpu_total"]
     cached += "cached" in (r.get("flags") or ())
   return {"gpu_runs": float(len(ran)), "gpu_s": float(sum(ran.values())), "cached": float(cached)}
+
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/|#[^\n]*", re.S)  # CUDA comments and plan comments.
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fF]?|\S")
+
+
+def kernel_tokens(text: str) -> list[str]:
+  """The tokens of a candidate (its ```cuda and ```plan blocks), comments left out. `#include` and `#define`
+  lines go with the comments: they are boilerplate for this comparison."""
+  return _TOKEN.findall(_COMMENTS.sub(" ", text))
+
+
+def normalize(text: str) -> str:
+  """A candidate's text with comments removed and all whitespace between tokens collapsed to one space."""
+  return " ".join(kernel_tokens(text))
+
+
+class CorpusIndex:
+  """The warm-start corpus's candidate texts, indexed for exact-copy lookups and nearest n-gram Jaccard."""
+
+  def __init__(self, texts: Iterable[str], n: int = 4):
+    if n < 1:
+      raise ValueError(f"n-gram length must be >= 1, got {n}")
+    self.n = n
+    self.copies: set[str] = set()
+    self._vocab: dict[tuple, int] = {}
+    sizes, postings = [], {}
+    for text in dict.fromkeys(texts):
+      norm = normalize(text)
+      if not norm or norm in self.copies:
+        continue
+      self.copies.add(norm)
+      grams = self._grams(norm.split(" "), grow=True)
+      doc = len(sizes)
+      sizes.append(len(grams))
+      for g in grams:
+        postings.setdefault(g, []).append(doc)
+    self._sizes = np.asarray(sizes, np.int64)
+    self._postings = {g: np.asarray(d, np.int64) for g, d in postings.items()}
+
+  def __len__(self) -> int:
+    return len(self._sizes)
+
+  def _grams(self, tokens: Sequence[str], grow: bool = False) -> set[int]:
+    """Ids of the distinct n-grams (a text shorter than n is one gram); grams unseen in the corpus get negative
+    ids: in no posting list, still counted in the union."""
+    grams = {tuple(tokens[i:i + self.n]) for i in range(max(1, len(tokens) - self.n + 1))}
+    if grow:
+      return {self._vocab.setdefault(g, len(self._vocab)) for g in grams}
+    return {self._vocab.get(g, -1 - k) for k, g in enumerate(grams)}
+
+  def is_copy(self, text: str) -> bool:
+    return normalize(text) in self.copies
+
+  def nearest(self, text: str) -> float:
+    """The largest n-gram Jaccard index between the text and any corpus response (0.0 for an empty corpus)."""
+    norm = normalize(text)
+    if norm in self.copies:
+      return 1.0
+    if not len(self._sizes) or not norm:
+      return 0.0
+    grams = self._grams(norm.split(" "))
+    hits = [self._postings[g] for g in grams if g >= 0 and g in self._postings]
+    if not hits:
+      return 0.0
+    inter = np.bincount(np.concatenate(hits), minlength=len(self._sizes))
+    union = self._sizes + len(grams) - inter
+    return float((inter / union).max())
+
+
+def novelty_summary(correct_texts: Sequence[str], index: CorpusIndex) -> dict[str, float]:
+  """Over correct kernels: how many (`correct_kernels`), the share that are not normalised copies of any corpus
+  response (`novel_share`, 0 when there is none), their distinct novel texts (`novel_distinct`), and the mean
+  nearest-corpus n-gram Jaccard (`nearest_jaccard_mean`, 0 when there is none)."""
+  if not correct_texts:
+    return {"correct_kernels": 0.0, "novel_share": 0.0, "novel_distinct": 0.0, "nearest_jaccard_mean": 0.0}
+  memo: dict[str, tuple[bool, float]] = {}
+  for t in correct_texts:
+    if t not in memo:
+      memo[t] = (not index.is_copy(t), index.nearest(t))
+  novel = [memo[t][0] for t in correct_texts]
+  return {"correct_kernels": float(len(correct_texts)), "novel_share": float(np.mean(novel)),
+          "novel_distinct": float(len({normalize(t) for t in correct_texts if memo[t][0]})),
+          "nearest_jaccard_mean": float(np.mean([memo[t][1] for t in correct_texts]))}

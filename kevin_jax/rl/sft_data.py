@@ -6,10 +6,11 @@ Corpus: JSONL, one example per line:
    ...optional fields: "task_id", "kind", "quality", ... (kept for splitting and logs)}
 Prompt = tokenizer.encode_chat(messages, add_generation_prompt=True) (exactly what the sampler is given);
 target = tokenizer.encode(response) + [end-of-turn id] (<|im_end|> in Qwen templates), so the policy learns to
-stop. Only target tokens carry loss. Without a corpus file the bundled suite's corpus is built in memory
-by kevin_jax/data/export_corpus.py (`bundled_corpus`), the same records `python -m kevin_jax.data.export_corpus`
-writes, except that the warm start (sft.fit_prompts) builds the later-turn prompts as rollouts build them
-(`rollout_fit`: the oldest attempts dropped to fit the prompt budget) where the exporter keeps every attempt.
+stop. Only target tokens carry loss. Without a corpus file the task source's corpus (the bundled suite's, or the
+task world's) is built in memory by kevin_jax/data/export_corpus.py (`bundled_corpus`), the same records
+`python -m kevin_jax.data.export_corpus` writes, except that the warm start (sft.fit_prompts) builds the
+later-turn prompts as rollouts build them (`rollout_fit`: the oldest attempts dropped to fit the prompt budget)
+where the exporter keeps every attempt. `warm_start_texts` gives the corpus's kernels to the novelty metric.
 
 Batch order: epoch e is a permutation drawn from (seed, e), topped up to a multiple of the batch size, sorted by
 length within windows of `length_group` batches (less padding), cut into batches whose order is shuffled.
@@ -78,16 +79,28 @@ def _validate(rec: Any, where: str) -> None:
 
 
 def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None,
-                   reasoning: str = "quote", fit=None) -> list[dict[str, Any]]:
-  """The bundled suite's corpus for the given task ids, built by kevin_jax/data/export_corpus.py in memory.
+                   reasoning: str = "quote", fit=None, source: str = "bundled") -> list[dict[str, Any]]:
+  """The corpus of the given task ids, built by kevin_jax/data/export_corpus.py in memory.
 
-  Single-turn examples (naive and optimized solutions) for every task, plus multi-turn fix / speed-up episodes
-  with real evaluator feedback when kevin_jax/data/suite_results.json (an H200 verification run) exists.
-  Task ids outside the bundled suite contribute nothing. `kinds` and `reasoning`: export_corpus.examples_for_task;
-  `fit` (an export_corpus.Fit, e.g. from `rollout_fit`) builds the later-turn prompts; None = every attempt.
+  The bundled suite (source 'bundled' or any source whose ids are the suite's): single-turn examples for every
+  task, plus multi-turn fix / speed-up episodes with real evaluator feedback where kevin_jax/data/suite_results.json
+  has records. A task world (source: a 'generated' source's directory, runtime.task_source): train tasks get
+  every kind, heldout_styles tasks the naive solution only, heldout_compositions tasks single-turn examples, suite
+  tasks the bundled corpus; feedback from kevin_jax/data/world_results.json where it has records
+  (export_corpus.world_examples). Other ids contribute nothing. `kinds` and `reasoning`:
+  export_corpus.examples_for_task; `fit` (an export_corpus.Fit, e.g. from `rollout_fit`) builds the later-turn
+  prompts; None = every attempt.
   """
   from kevin_jax.data import export_corpus  # pylint: disable=g-import-not-at-top
+  from kevin_jax.data.taskgen import world as world_lib  # pylint: disable=g-import-not-at-top
   from kevin_jax.kernels import suite  # pylint: disable=g-import-not-at-top
+  kinds = export_corpus.KINDS if kinds is None else kinds
+  fit = fit or export_corpus.every_attempt
+  w = world_lib.from_source(source)
+  if w is not None:
+    path = export_corpus.WORLD_RESULTS
+    results = export_corpus.load_results(path) if os.path.isfile(path) else None
+    return export_corpus.world_examples(w, list(task_ids), results, kinds, reasoning, fit)[0]
   results_path = export_corpus.DEFAULT_RESULTS
   results = export_corpus.load_results(results_path) if os.path.isfile(results_path) else None
   wanted = set(task_ids)
@@ -95,9 +108,24 @@ def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None,
   for task in suite.load_suite():
     if task.id in wanted:
       records += export_corpus.examples_for_task(task, None if results is None else results.get(task.id, {}),
-                                                 export_corpus.KINDS if kinds is None else kinds, reasoning,
-                                                 fit or export_corpus.every_attempt)[0]
+                                                 kinds, reasoning, fit)[0]
   return records
+
+
+def warm_start_texts(config, test_task_ids: Iterable[str] = ()) -> list[str]:
+  """The candidate texts of the warm-start corpus's responses, what the novelty metric compares kernels with:
+  config.sft.corpus's, or the corpus config.tasks builds (sft.corpus_kinds, sft.corpus_reasoning) without the
+  examples of `test_task_ids` when sft.exclude_test_tasks (those are never trained on)."""
+  s = config.sft
+  if s.corpus:
+    records = read_corpus(s.corpus)
+  else:
+    from kevin_jax import runtime  # pylint: disable=g-import-not-at-top
+    specs, _ = runtime.load_tasks(config, "all")
+    held = set(test_task_ids) if s.exclude_test_tasks else set()
+    records = bundled_corpus((sp.id for sp in specs if sp.id not in held), kinds=tuple(s.corpus_kinds),
+                             reasoning=s.corpus_reasoning, source=runtime.task_source(config))
+  return [prompts.parse_response(r["response"]).candidate_text for r in records]
 
 
 def rollout_fit(tokenizer, max_context_tokens: int):

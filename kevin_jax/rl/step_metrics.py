@@ -13,8 +13,8 @@ STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorr
 
 
 def rollout_metrics(turns: Sequence[Turn], times: RolloutTimes, returns: np.ndarray,
-                    advantages: np.ndarray) -> dict[str, float]:
-  """Scalars for metrics.jsonl / TensorBoard, '/'-grouped."""
+                    advantages: np.ndarray, novelty_index: km.CorpusIndex | None = None) -> dict[str, float]:
+  """Scalars for metrics.jsonl / TensorBoard, '/'-grouped (novelty/* given the warm-start corpus's index)."""
   scores = to_matrix(turns, lambda t: t.score)
   correct = to_matrix(turns, lambda t: float(t.result.get("status") == "correct"))
   out: dict[str, float] = {}
@@ -44,4 +44,7 @@ def rollout_metrics(turns: Sequence[Turn], times: RolloutTimes, returns: np.ndar
   out["speed/generate_tokens_per_s"] = times.generated_tokens / max(times.generate_s, 1e-9)
   out["speed/evaluations_per_s"] = times.evaluations / max(times.reward_s, 1e-9)
   out.update({f"evaluator/{k}": v for k, v in km.gpu_work(t.result for t in turns).items()})
+  if novelty_index is not None:
+    texts = [t.parsed.candidate_text for t in turns if t.result.get("status") == "correct"]
+    out.update({f"novelty/{k}": v for k, v in km.novelty_summary(texts, novelty_index).items()})
   return out

@@ -1,4 +1,4 @@
-// CPU emulation of the CUDA device dialect the suite's candidates use (experiments/emulate_suite/emulate.py).
+// CPU emulation of the CUDA device dialect (kevin_jax/kernels/emulate/emulator.py).
 // One ucontext fiber per CUDA thread; a block's threads run until they reach a barrier (__syncthreads: all live
 // threads of the block; warp shuffles / __syncwarp: the live lanes of the warp), blocks run one after another.
 // Not modelled: concurrency (races never show, atomics are trivially atomic), fast-math intrinsics (plain libm),
@@ -102,8 +102,9 @@ inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __saturatef(float a) { return a < 0 ? 0 : (a > 1 ? 1 : a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
-template <typename A, typename B> inline auto min(A a, B b) -> decltype(a < b ? a : b) { return a < b ? a : b; }
-template <typename A, typename B> inline auto max(A a, B b) -> decltype(a < b ? a : b) { return a < b ? b : a; }
+// By value: decltype(a < b ? a : b) would be a reference to a parameter.
+template <typename A, typename B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
+template <typename A, typename B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
 template <typename T> inline T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
 template <typename T> inline T atomicMax(T* p, T v) { T o = *p; if (v > o) *p = v; return o; }
 template <typename T> inline T atomicMin(T* p, T v) { T o = *p; if (v < o) *p = v; return o; }
