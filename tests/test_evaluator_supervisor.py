@@ -6,6 +6,7 @@ everything else (compile pool, static checks, scheduling, deadlines, replacement
 
 import os
 import re
+import uuid
 
 import pytest
 
@@ -67,6 +68,19 @@ def test_reference_failure_on_a_distribution_is_retried_without_it(ev):
   assert r.details["unsafe_dists"] == ["normal"]
   (r2,) = ev.evaluate([("vec_add", marked("ok", "next"))])
   assert r2.details["unsafe_dists"] == ["normal"]  # Remembered for the task.
+
+
+def test_out_of_gpu_memory_is_retried_on_a_fresh_worker_then_an_evaluator_error(ev):
+  """An allocator failure is the crowded GPU's, not the candidate's (its scratch is capped): the worker is replaced
+  and the candidate evaluated again; a second failure is reported as an evaluator error, never as its fault."""
+  salt = uuid.uuid4().hex
+  once, always = ev.evaluate([("vec_add", marked("oom_once", salt)), ("vec_add", marked("oom", salt))])
+  assert once.status == "correct", once.error
+  assert always.status == "runtime_error" and always.score == 0.0
+  assert always.flags == ["gpu_oom", "evaluator_error"]
+  assert always.error.startswith("evaluator error: the GPU ran out of memory for this evaluation twice")
+  (r,) = ev.evaluate([("vec_add", marked("ok", salt))])
+  assert r.status == "correct"
 
 
 def test_workers_are_recycled(ev):

@@ -129,6 +129,7 @@ class _Work:
   static: dict | None = None
   retries: int = 0
   static_retries: int = 0
+  oom_retries: int = 0
   times: dict = dataclasses.field(default_factory=dict)
   result: EvalResult | None = None
 
@@ -333,6 +334,17 @@ class Evaluator:
         w.retries += 1
         self._submit_gpu(w)
         return False
+      if "gpu_oom" in r.get("flags", ()):
+        # The worker that ran out of GPU memory is replaced (its allocator cache goes with it). A fresh worker gets
+        # one more try; a second failure is the GPU's crowding, not the candidate (its scratch is capped).
+        if w.oom_retries < 1:
+          w.oom_retries += 1
+          log.warning("task %s: out of GPU memory in the worker (%s); evaluating the candidate again",
+                      w.task_id, r.get("error", "")[:200])
+          self._submit_gpu(w)
+          return False
+        r = dict(r, status="runtime_error", flags=list(r["flags"]) + ["evaluator_error"],
+                 error=f"evaluator error: the GPU ran out of memory for this evaluation twice ({r.get('error', '')})")
       w.times.update(r.get("times", {}))
       details = dict(w.static.get("details", {}))
       details.update(r.get("details", {}))

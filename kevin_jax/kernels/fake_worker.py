@@ -4,14 +4,17 @@ It behaves like a GPU worker that evaluates instantly, except when the candidate
 `FAKE:<action>` marker: exit (os._exit), segv (a real segmentation fault), hang (sleep forever in a phase),
 hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, phases=<n> (enter a new
 phase every 0.5 s, n times: no phase stalls, the whole run is long), raise, alloc=<MiB> (grow host memory), fatal
-(report a sticky error), incorrect.
+(report a sticky error), incorrect, oom (the GPU's allocator fails), oom_once (fails in the first worker that runs it:
+a flag file in the temporary directory remembers it).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import re
+import tempfile
 import time
 
 
@@ -59,6 +62,13 @@ class FakeHandler:
            "cand_time_ms": 0.5, "fatal": False}
     if action == "incorrect":
       res.update(status="incorrect", error="output 'out' does not match the reference", speedup=None)
+    if action == "oom_once":
+      flag = os.path.join(tempfile.gettempdir(), "fake_oom_" + hashlib.sha256(text.encode()).hexdigest()[:16])
+      action = "ok" if os.path.exists(flag) else "oom"
+      open(flag, "w", encoding="utf-8").close()
+    if action == "oom":
+      res.update(status="runtime_error", speedup=None, fatal=True, flags=["gpu_oom"],
+                 error="out of GPU memory [CUDA out of memory. Tried to allocate 1.87 GiB (fake)]")
     if action == "fatal":
       res.update(status="runtime_error", error="illegal memory access (fake)", fatal=True, speedup=None,
                  flags=["illegal_address"])
