@@ -324,6 +324,21 @@ def test_reference_failure_is_reported_with_its_distribution(emu, tmp_path):
   assert res["details"]["reference_failed_dist"] == "normal"
 
 
+def test_out_of_memory_in_the_reference_is_the_gpus_not_the_candidates(emu):
+  real = worker.GpuWorker.reference
+
+  def reference(self, state, inputs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.87 GiB (emulated)")
+
+  worker.GpuWorker.reference = reference
+  try:
+    res = emu({"add": _add}, input_distributions=("task", "normal"))
+  finally:
+    worker.GpuWorker.reference = real
+  assert res["status"] == "runtime_error" and res["flags"] == ["gpu_oom", "evaluator_error"]
+  assert res["fatal"] and res["details"]["reference_failed_dist"] == "task"
+
+
 def test_format_error_from_device_limits(emu):
   res = emu({"add": _add}, plan=PLAN_ADD.replace("block=(256,)", "block=(256,) smem=300000"))
   assert res["status"] == "format_error" and "exceeds the device limit 232448" in res["error"]

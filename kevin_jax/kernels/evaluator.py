@@ -326,14 +326,6 @@ class Evaluator:
           return True
         self._submit_gpu(w)
         return False
-      failed = r.get("details", {}).get("reference_failed_dist")
-      if failed and failed != "task" and w.retries < 2:
-        self._unsafe.setdefault(w.task_id, set()).add(failed)
-        log.warning("task %s: the reference failed on '%s' inputs (%s); skipping that distribution for this task",
-                    w.task_id, failed, r.get("error"))
-        w.retries += 1
-        self._submit_gpu(w)
-        return False
       if "gpu_oom" in r.get("flags", ()):
         # The worker that ran out of GPU memory is replaced (its allocator cache goes with it). A fresh worker gets
         # one more try; a second failure is the GPU's crowding, not the candidate (its scratch is capped).
@@ -343,8 +335,17 @@ class Evaluator:
                       w.task_id, r.get("error", "")[:200])
           self._submit_gpu(w)
           return False
-        r = dict(r, status="runtime_error", flags=list(r["flags"]) + ["evaluator_error"],
+        flags = list(r["flags"]) + ([] if "evaluator_error" in r["flags"] else ["evaluator_error"])
+        r = dict(r, status="runtime_error", flags=flags,
                  error=f"evaluator error: the GPU ran out of memory for this evaluation twice ({r.get('error', '')})")
+      failed = r.get("details", {}).get("reference_failed_dist")
+      if failed and failed != "task" and w.retries < 2 and "gpu_oom" not in r.get("flags", ()):
+        self._unsafe.setdefault(w.task_id, set()).add(failed)
+        log.warning("task %s: the reference failed on '%s' inputs (%s); skipping that distribution for this task",
+                    w.task_id, failed, r.get("error"))
+        w.retries += 1
+        self._submit_gpu(w)
+        return False
       w.times.update(r.get("times", {}))
       details = dict(w.static.get("details", {}))
       details.update(r.get("details", {}))

@@ -212,11 +212,12 @@ class GpuWorker:
       res["fatal"] = res["fatal"] or e.fatal
       _final(res, status, e.message)
     except (TaskError, ReferenceFailed) as e:
-      res["flags"].append("evaluator_error")
+      oom = e.__cause__ is not None and classify(e.__cause__, at_launch=False)[0] == "oom"
+      res["flags"] += ["gpu_oom", "evaluator_error"] if oom else ["evaluator_error"]
       _final(res, "runtime_error", f"evaluator error: {e}")
       if isinstance(e, ReferenceFailed):
         res["details"]["reference_failed_dist"] = e.dist
-      res["fatal"] = not _context_ok()
+      res["fatal"] = oom or not _context_ok()  # A fresh worker starts with an empty allocator cache.
     except Exception as e:  # pylint: disable=broad-except
       kind, msg = classify(e, at_launch=False)
       res["details"]["traceback"] = traceback.format_exc()[-4000:]
