@@ -411,19 +411,22 @@ TRIAL_CALLS = 10  # 5 correctness trials x 2 runs: the timed runs start after th
 
 
 def test_memoised_linear_operator_rescaled_per_pointer_is_caught(emu):
-  """Correct in every trial; from the timed runs on, a cached row sum per input pointer, rescaled by the ratio of
-  one input element to the cached one. Timed inputs used to be base sets times one factor per tensor, which this
-  reproduces exactly; independent draws per run make it wrong on the first validated run."""
+  """Correct in every trial; in the timed runs, a row sum cached per input pointer (filled by timed runs only),
+  rescaled by the ratio of one input element to the cached one. Timed inputs used to be base sets times one factor
+  per tensor, which this reproduces exactly (the tree before fresh draws scored it correct); independent draws per
+  run make it wrong on the first validated run that reuses a pointer."""
   calls, cache = [], {}
 
   def memo(x, out, cols):
     calls.append(1)
+    timed = len(calls) > TRIAL_CALLS
     hit = cache.get(x.ptr)
-    if len(calls) > TRIAL_CALLS and hit is not None and float(hit[1]) != 0.0:
+    if timed and hit is not None and float(hit[1]) != 0.0:
       out.tensor.copy_(hit[0] * (x.tensor[0, 0] / hit[1]))
       return
     out.tensor.copy_(x.tensor.sum(1))
-    cache[x.ptr] = (out.tensor.clone(), x.tensor[0, 0].clone())
+    if timed:
+      cache[x.ptr] = (out.tensor.clone(), x.tensor[0, 0].clone())
 
   res = emu({"rows": memo}, cuda=CUDA_ROWS, plan=PLAN_ROWS, source=ROW_SUM)
   assert res["status"] == "incorrect" and res["flags"] == ["timing_validation_failed"], res["error"]
