@@ -225,6 +225,8 @@ def run(config, workdir: str) -> None:
   specs, sources = runtime.load_tasks(config, "train")
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
+  runtime.check_host_memory(config, policy, warm_start=bool(config.sft.before_rl and not runtime.start_source(config)),
+                            rl=config.total_steps > 0)
   grpo_cfg = grpo.GRPOConfig.from_config(config.rl)
   os.makedirs(workdir, exist_ok=True)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)

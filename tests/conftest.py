@@ -4,9 +4,15 @@
 - JAX runs on the CPU unless JAX_PLATFORMS is set (GPU JAX tests set it: JAX_PLATFORMS=cuda,cpu).
 - jax_numpy_rank_promotion="raise": implicit rank broadcasting is a bug in our code.
 - `gpu` marker: skipped unless a CUDA GPU answers (checked through the driver, without torch/JAX/CuPy).
+- `slow` marker: deselected by pytest.ini's `-m "not slow"`; `python -m pytest -q -m slow` runs them.
+- One persistent XLA compilation cache per test run (JAX_COMPILATION_CACHE_DIR, if set, wins): the many jobs that
+  build the same learner and sampler (a new jit object each, so JAX's in-memory cache misses) compile them once.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -25,6 +31,10 @@ def pytest_configure(config):
   del config
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_numpy_rank_promotion", "raise")
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    cache = tempfile.mkdtemp(prefix="kevin_jax_xla_cache_")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", cache)
 
 
 def pytest_collection_modifyitems(config, items):
