@@ -1,6 +1,8 @@
 """Shared test setup.
 
 - 8 fake CPU devices for sharding tests (set before JAX is imported anywhere).
+- On the CPU, LLVM optimisation level 1 (XLA's default is 2): the suite compiles hundreds of small programs, and
+  level 1 compiles them ~20 % faster with no measurable change in how fast they run (a tiny policy's learner step).
 - JAX runs on the CPU unless JAX_PLATFORMS is set (GPU JAX tests set it: JAX_PLATFORMS=cuda,cpu).
 - jax_numpy_rank_promotion="raise": implicit rank broadcasting is a bug in our code.
 - `gpu` marker: skipped unless a CUDA GPU answers (checked through the driver, without torch/JAX/CuPy).
@@ -17,7 +19,10 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+  _flags += " --xla_force_host_platform_device_count=8"
+if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_backend_optimization_level" not in _flags:
+  _flags += " --xla_backend_optimization_level=1"
+os.environ["XLA_FLAGS"] = _flags.strip()
 
 import pytest  # pylint: disable=g-import-not-at-top
 

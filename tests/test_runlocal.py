@@ -23,9 +23,11 @@ _PEAK = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); 
 
 
 def _user_env() -> dict[str, str]:
-  """This environment without the fake CPU devices (JAX_PLATFORMS=cpu stays: the smoke run is the CPU one)."""
+  """This environment without tests/conftest.py's XLA flags (fake CPU devices, optimisation level); JAX_PLATFORMS=cpu
+  stays: the smoke run is the CPU one."""
   env = dict(os.environ)
-  flags = [f for f in env.pop("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+  ours = ("xla_force_host_platform_device_count", "xla_backend_optimization_level")
+  flags = [f for f in env.pop("XLA_FLAGS", "").split() if not any(o in f for o in ours)]
   if flags:
     env["XLA_FLAGS"] = " ".join(flags)
   env["JAX_PLATFORMS"] = "cpu"

@@ -336,7 +336,7 @@ def test_time_budget_stops_early_then_evaluates_and_checkpoints(tmp_path, monkey
   monkeypatch.setattr(train.InTrainingEval, "__call__", slow_eval)
 
   def config(budget):
-    c = _with_eval(_config(total_steps=5), trajectories=2, turns=2, max_tasks=2)
+    c = _with_eval(_config(total_steps=5), trajectories=2, turns=1, max_tasks=1)
     c.time_budget_s = budget
     c.checkpoint.every_steps = 4  # Step 2 is saved only because the budget stops the run there.
     return c
