@@ -28,6 +28,9 @@ total_steps=0 runs the start alone: the warm start if one is due, then the step-
 policy (e.g. of `init_from`, an exported trained policy), with the same sampling seeds as any run of this seed,
 so a job split into phases (warm start and its evaluation; RL from the export; the trained export's evaluation)
 gives the same before and after numbers as one uninterrupted run.
+
+On JAX's CPU backend a job whose estimated peak memory (warm start, learner step, sampler) exceeds the machine's
+free memory stops before it starts, naming the fields to lower (kevin_jax/host_memory.py).
 """
 
 from __future__ import annotations

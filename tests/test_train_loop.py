@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from configs import multiturn
@@ -97,6 +98,14 @@ def _assert_same_params(a_tree, b_tree):
   assert len(a_leaves) == len(b_leaves) > 10
   for a, b in zip(a_leaves, b_leaves):
     assert a.dtype == b.dtype and bool((a == b).all())
+
+
+def _assert_close_params(want_tree, got_tree):
+  """Parameters of two runs of the same steps (another process order, a resume): equal to float32 noise."""
+  want, got = jax.tree.leaves(want_tree), jax.tree.leaves(got_tree)
+  assert len(want) == len(got) > 10
+  for a, b in zip(want, got):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
 
 
 def _assert_trained_away_from_init(c, policy, params):
@@ -207,16 +216,17 @@ def test_killed_runs_resume_to_the_uninterrupted_result(base, resumed):
   assert seen["mid_step"] == dict(checkpoints=["1"], steps=[1], evals=[0], hf=False)
   assert seen["in_eval"]["checkpoints"] == ["1"] and seen["in_eval"]["evals"] == [0]
   policy = runtime.build_policy(_eval_config())
-  want = runtime.load_hf_params(str(base / "hf"), policy)
-  _assert_same_params(want, seen["in_eval"]["hf_params"])
+  first = seen["in_eval"]["hf_params"]
+  _assert_close_params(runtime.load_hf_params(str(base / "hf"), policy), first)
   got = metrics_lib.read_metrics(str(wd / "metrics.jsonl"))
   assert list(got) == [1, 2]
   for step, rec in metrics_lib.read_metrics(str(base / "metrics.jsonl")).items():
     _assert_same_steps(rec, got[step])
   assert sorted(os.listdir(wd / "checkpoints")) == ["1", "2"]
   assert [r["step"] for r in _lines(wd / "eval_metrics.jsonl")] == [0, 2]  # Step 0 is not re-evaluated.
-  _assert_same_params(want, runtime.load_hf_params(str(wd / "hf"), policy))
-  _assert_same_params(want, runtime.restore_params(str(wd), policy))
+  again = runtime.load_hf_params(str(wd / "hf"), policy)
+  _assert_same_params(first, again)  # Step 2 redone from the same checkpoint: the same export, bit for bit.
+  _assert_same_params(again, runtime.restore_params(str(wd), policy))
 
 
 def test_in_training_evaluations_of_both_splits(resumed):
