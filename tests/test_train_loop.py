@@ -289,8 +289,10 @@ def test_kl_reference_is_rebuilt_on_resume_and_evaluations_leave_rollouts_alone(
   assert list(recs) == [1, 2]
   for m in recs.values():
     assert m["learner/updates_applied"] == 2 and m["learner/nonfinite_update"] == -1
+    assert m["rl/advantage_abs_mean"] > 0 and m["batch/rows"] == 8 and m["learner/seqs"] == 8
   assert 0 < recs[1]["learner/kl"] < recs[2]["learner/kl"]
-  assert not (full / "hf").exists()
+  assert sorted(os.listdir(full / "checkpoints")) == ["1", "2"] and not (full / "hf").exists()
+  assert config().sampler.temperature > 0
   greedy = _first_responses(_lines(full / "eval_rollouts" / "step_000000_train.jsonl"))
   assert len(greedy) == 2 and all(len(v) == 1 for v in greedy.values())
   key = lambda rows: [(r["task_id"], r["traj"], r["turn"], r["response"]) for r in rows]
