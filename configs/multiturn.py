@@ -5,7 +5,7 @@ Run (from the repository root, one GPU):
 
 Presets, comma-separated after a colon (big_vision style):
   configs/multiturn.py:runlocal   tiny policy, 2 tasks, 2 trajectories x 2 turns, a 2-step warm start: a smoke
-                                  run in minutes, on a CPU with --config.evaluator.backend=scripted.
+                                  run; on a CPU with --config.evaluator.backend=scripted, 1-2 minutes and < 4 GB.
   configs/multiturn.py:paper      the paper's recipe: a local QwQ-32B-class HF checkpoint
                                   (--config.policy.checkpoint=DIR), KernelBench L1+L2
                                   (--config.tasks.source=DIR), 8 GPUs, 16k/22k-token responses.
@@ -286,7 +286,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
   presets = [a for a in arg.split(",") if a]
   for name in presets:
-    if name == "runlocal":  # The whole job on a CPU (scripted reward) in a few minutes and < 4 GB.
+    if name == "runlocal":  # The whole job on a 2-core CPU (scripted reward) in 1-2 minutes, under 4 GB.
       c.total_steps = 2
       c.policy.preset = "tiny"
       c.policy.param_dtype = "float32"
@@ -299,7 +299,7 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.rollout.turns = 2
       c.rollout.max_context_tokens = 1984  # Bundled first-turn prompts: <= 1.8k tokens; + 64 = one 2048 bucket.
       c.rl.loss_constant = 64.0
-      c.rl.micro_batch_size = 2
+      c.rl.micro_batch_size = 2  # 2 rows x 2048 tokens: ~1 GiB of XLA attention temporaries (host_memory.py).
       c.evaluator.correctness_trials = 2
       c.evaluator.timing_runs = 10
       c.checkpoint.every_steps = 1
