@@ -101,7 +101,7 @@ def _assert_same_params(a_tree, b_tree):
 
 
 def _assert_close_params(want_tree, got_tree):
-  """Parameters of two runs of the same steps (another process order, a resume): equal to float32 noise."""
+  """Parameters two runs reach by the same steps (one of them resumed): equal up to float32 rounding."""
   want, got = jax.tree.leaves(want_tree), jax.tree.leaves(got_tree)
   assert len(want) == len(got) > 10
   for a, b in zip(want, got):
