@@ -4,7 +4,8 @@ Run (from the repository root, one GPU):
   python -m kevin_jax.main --config=configs/multiturn.py --workdir=runs/multiturn
 
 Presets, comma-separated after a colon (big_vision style):
-  configs/multiturn.py:runlocal   tiny policy, 2 tasks, 2 trajectories x 2 turns: a smoke run in minutes.
+  configs/multiturn.py:runlocal   tiny policy, 2 tasks, 2 trajectories x 2 turns, a 2-step warm start: a smoke
+                                  run; on a CPU with --config.evaluator.backend=scripted, 1-2 minutes and < 4 GB.
   configs/multiturn.py:paper      the paper's recipe: a local QwQ-32B-class HF checkpoint
                                   (--config.policy.checkpoint=DIR), KernelBench L1+L2
                                   (--config.tasks.source=DIR), 8 GPUs, 16k/22k-token responses.
@@ -306,20 +307,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
   presets = [a for a in arg.split(",") if a]
   for name in presets:
-    if name == "runlocal":
+    if name == "runlocal":  # The whole job on a 2-core CPU (scripted reward) in 1-2 minutes, under 4 GB.
       c.total_steps = 2
       c.policy.preset = "tiny"
       c.policy.param_dtype = "float32"
       c.policy.compute_dtype = "float32"
       c.sampler.max_new_tokens = 64
-      c.sampler.batch_size = 8
+      c.sampler.batch_size = 4  # 2 tasks x 2 trajectories: one prefill per turn, no padding rows.
       c.sampler.prompt_buckets = (256, 512, 1024, 2048)
       c.rollout.tasks_per_step = 2
       c.rollout.trajectories = 2
       c.rollout.turns = 2
-      c.rollout.max_context_tokens = 2048
+      c.rollout.max_context_tokens = 1984  # Bundled first-turn prompts: <= 1.8k tokens; + 64 = one 2048 bucket.
       c.rl.loss_constant = 64.0
-      c.rl.micro_batch_size = 4
+      c.rl.micro_batch_size = 2  # 2 rows x 2048 tokens: ~1 GiB of XLA attention temporaries (host_memory.py).
       c.evaluator.correctness_trials = 2
       c.evaluator.timing_runs = 10
       c.checkpoint.every_steps = 1
@@ -327,6 +328,19 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.evaluation.in_training_trajectories = 2
       c.evaluation.in_training_turns = 2
       c.evaluation.in_training_max_tasks = 2
+      # The warm start: 2 steps of 4 sequences at RL's length (2048 = 1984 + 64), first attempts only.
+      c.sft.corpus_kinds = ("single",)
+      c.sft.steps = 2
+      c.sft.batch_size = 4
+      c.sft.micro_batch_size = 2
+      c.sft.max_seq_len = 2048
+      c.sft.seq_buckets = ()
+      c.sft.truncate = True  # Responses are cut at max_seq_len (the prompts take ~1.6-1.8k of it).
+      c.sft.eval_every_steps = 2
+      c.sft.eval_max_examples = 4
+      c.sft.sample_prompts = 2
+      c.sft.sample_max_new_tokens = 16
+      c.sft.checkpoint_every_steps = 2
     elif name == "paper":
       c.total_steps = 40  # [P §1: "up to 40 steps (80 gradient steps)"].
       c.optimizer.learning_rate = 2e-6  # [P §1].

@@ -253,6 +253,7 @@ def run(config, workdir: str) -> None:
     sources = {s.id: sources[s.id] for s in specs}
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
+  runtime.check_host_memory(config, policy, warm_start=False, rl=False)
   src = config.evaluation.checkpoint or workdir
   params = runtime.load_params(src, policy)
   reward = runtime.make_reward(config, config.tasks.source)

@@ -279,6 +279,12 @@ def novelty_index(config):
   return index
 
 
+def check_host_memory(config, policy: Policy, *, warm_start: bool, rl: bool) -> None:
+  """On the CPU backend: stops a job whose estimated peak exceeds the free host memory (kevin_jax/host_memory.py)."""
+  from kevin_jax import host_memory  # pylint: disable=g-import-not-at-top
+  host_memory.check(config, policy.model_cfg, sharding.data_parallel_size(policy.mesh), warm_start=warm_start, rl=rl)
+
+
 def check_prompt_budget(policy: Policy, sources: dict[str, str], max_tokens: int) -> None:
   """Every task's bare first-turn prompt must fit the context budget and the sampler's largest bucket."""
   limit = min(max_tokens, max(policy.sampler.cfg.prompt_buckets))

@@ -208,6 +208,7 @@ def run(config, workdir: str) -> None:
     raise SystemExit(f"error: policy.attention_impl=cudnn needs a GPU (JAX backend: {jax.default_backend()}); "
                      "use --config.policy.attention_impl=xla, or configs/sft.py:runlocal for a CPU smoke run")
   policy = runtime.build_policy(config)
+  runtime.check_host_memory(config, policy, warm_start=True, rl=False)
   data = load_data(config, policy.tokenizer)
   steps = total_steps(config, len(data.train))
   policy, sft_step = build_sft(config, policy, steps)

@@ -28,6 +28,9 @@ total_steps=0 runs the start alone: the warm start if one is due, then the step-
 policy (e.g. of `init_from`, an exported trained policy), with the same sampling seeds as any run of this seed,
 so a job split into phases (warm start and its evaluation; RL from the export; the trained export's evaluation)
 gives the same before and after numbers as one uninterrupted run.
+
+On JAX's CPU backend a job whose estimated peak memory (warm start, learner step, sampler) exceeds the machine's
+free memory stops before it starts, naming the fields to lower (kevin_jax/host_memory.py).
 """
 
 from __future__ import annotations
@@ -229,6 +232,8 @@ def run(config, workdir: str) -> None:
   specs, sources = runtime.load_tasks(config, "train")
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
+  runtime.check_host_memory(config, policy, warm_start=bool(config.sft.before_rl and not runtime.start_source(config)),
+                            rl=config.total_steps > 0)
   grpo_cfg = grpo.GRPOConfig.from_config(config.rl)
   os.makedirs(workdir, exist_ok=True)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)

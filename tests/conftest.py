@@ -2,16 +2,28 @@
 
 - 8 fake CPU devices for sharding tests (set before JAX is imported anywhere).
 - JAX runs on the CPU unless JAX_PLATFORMS is set (GPU JAX tests set it: JAX_PLATFORMS=cuda,cpu).
+- On the CPU, LLVM optimisation level 1 (XLA's default is 2): the suite compiles hundreds of small programs, and
+  level 1 compiles them ~20 % faster with no measurable change in how fast they run (a tiny policy's learner step).
+- On the CPU, one persistent XLA compilation cache per test run (JAX_COMPILATION_CACHE_DIR, if set, wins): the
+  many jobs that build the same learner and sampler (a new jit object each, so JAX's in-memory cache misses)
+  compile them once.
 - jax_numpy_rank_promotion="raise": implicit rank broadcasting is a bug in our code.
 - `gpu` marker: skipped unless a CUDA GPU answers (checked through the driver, without torch/JAX/CuPy).
+- `slow` marker: deselected by pytest.ini's `-m "not slow"`; `python -m pytest -q -m slow` runs them.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+  _flags += " --xla_force_host_platform_device_count=8"
+if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_backend_optimization_level" not in _flags:
+  _flags += " --xla_backend_optimization_level=1"
+os.environ["XLA_FLAGS"] = _flags.strip()
 
 import pytest  # pylint: disable=g-import-not-at-top
 
@@ -25,6 +37,10 @@ def pytest_configure(config):
   del config
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_numpy_rank_promotion", "raise")
+  if os.environ["JAX_PLATFORMS"] == "cpu" and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    cache = tempfile.mkdtemp(prefix="kevin_jax_xla_cache_")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", cache)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,7 +7,8 @@ between two weight draws for tasks with weights. The GPU half (the three degener
 real evaluator) is in experiments/verify_suite.py and tests/test_suite_gpu.py.
 
 The per-task gate runs every task's reference twice or three times at full size (about 7 minutes on 2 cores for
-40 tasks): marked slow, still part of CI.
+40 tasks): marked slow, so the default `python -m pytest -q` deselects it (pytest.ini); run it with
+`python -m pytest -q -m slow tests/test_suite_degenerate.py` whenever a task changes.
 """
 
 import pytest
