@@ -266,21 +266,7 @@ def _matvec(spec: Spec, style: str, *, layout: bool = False, shuffle_last: int =
 
 
 def _epilogue_mutation(spec: Spec, rng: random.Random) -> tuple[tuple[Op, ...], str] | None:
-  post = spec.post
-  if not post:
-    return None
-  xs = main_sample(spec.main, spec.dim("K"))
-  ref = ops_lib.simulate(post, xs)
-  options = []
-  for k in range(len(post)):
-    body = post[:k] + post[k + 1:]
-    if ops_lib.differs(ref, ops_lib.simulate(body, xs)):
-      options.append((body, f"leaves out the epilogue's {post[k].name}"))
-  for k in range(len(post) - 1):
-    body = post[:k] + (post[k + 1], post[k]) + post[k + 2:]
-    if ops_lib.differs(ref, ops_lib.simulate(body, xs)):
-      options.append((body, f"applies {post[k + 1].name} before {post[k].name} in the epilogue"))
-  return options[rng.randrange(len(options))] if options else None
+  return ops_lib.epilogue_mutation(spec.post, main_sample(spec.main, spec.dim("K")), rng)
 
 
 def candidates(spec: Spec, rng: random.Random) -> list[Written]:

@@ -274,3 +274,23 @@ def differs(ys: Sequence[float], zs: Sequence[float], share: float = 0.1) -> boo
   """Do two outputs differ beyond tolerance on at least `share` of the sample (a mutation that shows)?"""
   bad = sum(not (math.isfinite(y) and math.isfinite(z) and _close(z, y)) for y, z in zip(ys, zs))
   return bad >= share * len(ys)
+
+
+def epilogue_mutation(post: Sequence[Op], xs: Sequence[float], rng, swaps: bool = True):
+  """A wrong epilogue for a 'wrong_epilogue' candidate: (op chain, bug sentence), drawn with `rng` among the chains
+  that leave out one op (or, with `swaps`, exchange two neighbours) and differ from `post` on the sample `xs`;
+  None when no such chain exists."""
+  if not post:
+    return None
+  ref = simulate(post, xs)
+  options = []
+  for k in range(len(post)):
+    body = tuple(post[:k]) + tuple(post[k + 1:])
+    if differs(ref, simulate(body, xs)):
+      options.append((body, f"leaves out the epilogue's {post[k].name}"))
+  for k in range(len(post) - 1 if swaps else 0):
+    body = tuple(post[:k]) + (post[k + 1], post[k]) + tuple(post[k + 2:])
+    if differs(ref, simulate(body, xs)):
+      options.append((body, f"applies {post[k + 1].name} before {post[k].name} in the epilogue"))
+  return options[rng.randrange(len(options))] if options else None
+

@@ -308,14 +308,4 @@ def _numel_out(spec: Spec, reduced: bool) -> int:
 
 
 def _epilogue_mutation(spec: Spec, rng: random.Random):
-  post = spec.post
-  if not post:
-    return None
-  xs = main_sample(spec.main, spec.opt("k"))
-  ref = ops_lib.simulate(post, xs)
-  options = []
-  for j in range(len(post)):
-    body = post[:j] + post[j + 1:]
-    if ops_lib.differs(ref, ops_lib.simulate(body, xs)):
-      options.append((body, f"leaves out the epilogue's {post[j].name}"))
-  return options[rng.randrange(len(options))] if options else None
+  return ops_lib.epilogue_mutation(spec.post, main_sample(spec.main, spec.opt("k")), rng, swaps=False)
