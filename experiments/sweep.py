@@ -10,6 +10,8 @@ Sweeps:
   aggregation      rl.gamma in {0.4, 0.8} x rl.return_mode in {sum, max}      (paper: sum with 0.4 scaled best)
   turns            rollout.turns in {1, 2, 4} at a fixed kernel budget (trajectories 64 / 32 / 16)
   single_vs_multi  configs/multiturn.py (16 x 4) vs configs/singleturn.py:same_budget (64 x 1)
+  estimator        the paper's per-task group normalisation vs turn-level leave-one-out (rl.adv_baseline=trloo,
+                   unscaled, Dr. Kernel arXiv 2602.05885)
   default          the default job on seeds 0 and 1, and the single-turn baseline at the same kernel budget on
                    seed 0 (experiments/default_job), each with its in-job evaluations before and after RL
 Each run writes to <root>/<sweep>/<name>; rerunning a command resumes it; `--only a,b` picks runs. `--collect`
@@ -43,6 +45,9 @@ SWEEPS: dict[str, list[tuple[str, str, list[str]]]] = {  # name -> [(run name, c
                [f"--config.rollout.turns={n}", f"--config.rollout.trajectories={64 // n}"]) for n in (1, 2, 4)],
     "single_vs_multi": [("multi_16x4", "configs/multiturn.py", []),
                         ("single_64x1", "configs/singleturn.py:same_budget", [])],
+    "estimator": [("grpo", "configs/multiturn.py", []),
+                  ("trloo", "configs/multiturn.py", ["--config.rl.adv_baseline=trloo",
+                                                     "--config.rl.adv_std_normalize=False"])],
     "default": [("multi_s0", "configs/multiturn.py", ["--config.seed=0"]),
                 ("multi_s1", "configs/multiturn.py", ["--config.seed=1"]),
                 ("single_s0", "configs/singleturn.py:same_budget", ["--config.seed=0"])],
