@@ -94,8 +94,6 @@ def emu(monkeypatch, tmp_path):
   monkeypatch.setattr(worker, "read_cubin", lambda cubin: None)  # No cubin here: the ELF checks are test_kernels_cubin's.
   monkeypatch.setattr(worker.static, "check_cubin", lambda *a, **k: None)
   monkeypatch.setattr(worker, "_context_ok", lambda: True)
-  monkeypatch.setattr(worker.TaskState, "pinned_out",
-                      lambda self, j, like: torch.empty(like.shape, dtype=like.dtype))
   real_alloc = B.BufferSet.alloc
 
   def alloc(self, name, shape, dtype):

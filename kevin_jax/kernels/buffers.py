@@ -137,13 +137,33 @@ class BufferSet:
 
 
 def seal(t: torch.Tensor, seed: int) -> None:
-  """XORs a tensor's bytes in place with a secret stream (seed stays on the host); seal again to undo."""
+  """XORs a tensor's bytes in place with a secret stream (seed stays on the host); seal again to undo.
+
+  The stream is drawn in 32-bit words (a byte tail separately) and zero-filled once used, so no copy of it is
+  left in freed memory while a candidate runs.
+  """
   if t.numel() == 0:
     return
   b = bytes_of(t)
   gen = torch.Generator(device=t.device)
   gen.manual_seed(seed)
-  b.bitwise_xor_(torch.randint(0, 256, b.shape, dtype=torch.uint8, device=t.device, generator=gen))
+  n4 = b.numel() // 4 if b.storage_offset() % 4 == 0 else 0
+  if n4:
+    words = b[:4 * n4].view(torch.int32)
+    stream = torch.empty(n4, dtype=torch.int32, device=t.device).random_(-2**31, 2**31, generator=gen)
+    words.bitwise_xor_(stream)
+    stream.zero_()
+  if b.numel() > 4 * n4:
+    tail = b[4 * n4:]
+    stream = torch.randint(0, 256, tail.shape, dtype=torch.uint8, device=t.device, generator=gen)
+    tail.bitwise_xor_(stream)
+    stream.zero_()
+
+
+def seal_all(tensors, seed: int) -> None:
+  """`seal` for each tensor with its own stream (seed + j), so no two sealed tensors share a stream."""
+  for j, t in enumerate(tensors):
+    seal(t, seed + j)
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -15,7 +15,10 @@ Per iteration (warm-up iterations first, untimed):
      the reference outputs of the same inputs, computed after the candidate finished (then scrubbed), and keyed
      hashes (integrity.py) of the candidate's input and parameter buffers taken before and after its launches
      must agree;
-  6. a polled device sync with a deadline (a hang becomes a timeout; the evaluation's budget applies too).
+  6. a polled wait with a deadline (a hang becomes a timeout; the evaluation's budget applies too) for the
+     iteration before: the host queues iteration i+1 while the GPU runs iteration i, so host-side preparation
+     (draw calls, launches, events) overlaps the GPU. Everything still runs in order on the worker's one stream:
+     nothing runs beside the candidate's or the reference's timed launches.
 Each pass starts with fresh guard canaries and ends with a guard check and a byte comparison of the parameter
 buffers, so a timed run that writes out of bounds or mutates inputs is caught even if it restores what it changed
 before a validated iteration's check.
@@ -170,6 +173,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
   cand_ev, ref_ev, checks, integrity = [], [], [], []
   su.bufs.rearm()
   timed_since = None
+  in_flight = None  # (label, completion event) of the iteration queued before this one (module docstring, 6.)
   for i in range(total):
     if i == warmup:
       timed_since = time.monotonic()
@@ -203,11 +207,16 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
       if i >= warmup and time_ref:
         ref_ev.append((r0, r1))
     del ref_args
-    w.wait_for(f"timed run {i + 1}", deadline_s)
+    done = torch.cuda.Event()
+    done.record(stream)
+    if in_flight is not None:
+      w.wait_for(in_flight[0], deadline_s, in_flight[1])
+    in_flight = (f"timed run {i + 1}", done)
     if i >= warmup:
       cand_ev.append((c0, c1))
     if last:
       break
+  w.wait_for(in_flight[0], deadline_s, in_flight[1])
   out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
          "validated": len(checks), "bad_run": None, "mutated_run": None, "budget_stop": len(cand_ev) < n_runs,
          "guard": None}
