@@ -114,6 +114,8 @@ def main() -> None:
   ap.add_argument("--suite", action="store_true", help="check the bundled suite's solutions against meta.json")
   ap.add_argument("--timing-max-s", type=float, default=0.0,
                   help="evaluator.timing_max_s (time budget of one candidate's timed runs; 0 = all 100 runs)")
+  ap.add_argument("--ref-timing", default="interleaved", choices=("interleaved", "cached"),
+                  help="evaluator.ref_timing ('cached': the reference timed in a task's first evaluation only)")
   args = ap.parse_args()
   if args.suite:
     suite_check(args)
@@ -127,7 +129,7 @@ def main() -> None:
   t_all = time.perf_counter()
   cands = {t: read("candidates", t + ".md") for t in TASKS}
   cache_dir = tempfile.mkdtemp(prefix="bench_evaluator_cache_")  # Cold NVRTC cache.
-  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s)
+  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s, ref_timing=args.ref_timing)
   t = time.perf_counter()
   with Evaluator(cfg, task_source=os.path.join(DATA, "tasks"), _gpu_role="fake" if args.fake else "gpu") as ev:
     # Warm-up: one evaluation per task loads the reference models and cuBLAS in the worker.
@@ -216,7 +218,8 @@ def suite_check(args) -> None:
       items.append((task_id, open(f, encoding="utf-8").read()))
       labels.append((task_id, name, meta.get("solutions", {}).get(name, {}).get("expect")))
   t = time.perf_counter()
-  cfg = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_"), timing_max_s=args.timing_max_s)
+  cfg = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_"), timing_max_s=args.timing_max_s,
+                        ref_timing=args.ref_timing)
   with Evaluator(cfg, task_source="bundled", _gpu_role="fake" if args.fake else "gpu") as ev:
     rs = ev.evaluate(items)
     gpu = ev.gpu_info
@@ -227,8 +230,8 @@ def suite_check(args) -> None:
            "ok": exp is None or exp == r.status} for (tid, name, exp), r in zip(labels, rs)]
   bad = [x for x in rows if not x["ok"]]
   with open(os.path.join(args.out, "suite_check.json"), "w", encoding="utf-8") as f:
-    json.dump({"gpu": gpu, "wall_s": wall, "timing_max_s": args.timing_max_s, "rows": rows}, f, indent=2,
-              default=str)
+    json.dump({"gpu": gpu, "wall_s": wall, "timing_max_s": args.timing_max_s, "ref_timing": args.ref_timing,
+               "rows": rows}, f, indent=2, default=str)
   timing_total = sum(x["timing_s"] or 0.0 for x in rows)
   lines = [f"# Suite check: {len(rows) - len(bad)}/{len(rows)} solutions match their expected status "
            f"({wall:.0f} s, {timing_total:.0f} s of it timing, timing_max_s {args.timing_max_s:g}, "
