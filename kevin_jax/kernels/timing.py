@@ -12,7 +12,8 @@ Per iteration (warm-up iterations first, untimed):
   4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
   5. on a secret random subset of iterations (always the first and the last timed one, the first warm-up one,
      and all of them when re-checking an excessive speedup): the candidate's outputs are compared on the GPU with
-     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed), and keyed
+     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed; on other
+     iterations they are scrubbed only with rescaled inputs, since a fresh draw shares nothing with them), and keyed
      hashes (integrity.py) of the candidate's input and parameter buffers taken before and after its launches
      must agree;
   6. a polled wait with a deadline (a hang becomes a timeout; the evaluation's budget applies too) for the
@@ -38,6 +39,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels.closeness import count_bad
 
 
 def _stats(ms: list[float]) -> dict:
@@ -47,13 +49,6 @@ def _stats(ms: list[float]) -> dict:
   q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
   return {"median": statistics.median(s), "mean": statistics.fmean(s), "min": s[0], "p10": q(0.1), "p90": q(0.9),
           "n": len(s)}
-
-
-def _count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
-  if ref.is_floating_point():
-    wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    return (~torch.isclose(out.to(wide), ref.to(wide), rtol=rtol, atol=atol, equal_nan=True)).sum()
-  return (out != ref).sum()
 
 
 def _scrub(outs, param_ptrs) -> None:
@@ -200,9 +195,10 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
       ref_out = su.run_reference(k, ref_args)
       r1.record(stream)
       if validate[i]:
-        bad = [_count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
+        bad = [count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
         checks.append((i, torch.stack(bad).sum()))
-      _scrub(ref_out, su.param_ptrs)
+      if validate[i] or not su.fresh:  # Unchecked fresh draws: the next run's inputs are independent of these.
+        _scrub(ref_out, su.param_ptrs)
       del ref_out
       if i >= warmup and time_ref:
         ref_ev.append((r0, r1))

@@ -153,10 +153,12 @@ class GpuWorker:
         model = module.Model(*init)
       model = model.to(self.device)
       x = I.draw(module, "task", MODEL_SEED, self.device)
-      t_draw = time.perf_counter()
-      I.draw(module, "task", MODEL_SEED + 1, self.device)
-      torch.cuda.synchronize()
-      draw_ms = (time.perf_counter() - t_draw) * 1e3
+      draw_ms = float("inf")
+      for k in range(1, 4):  # The fastest of three: one draw preempted by a busy host does not decide it.
+        t_draw = time.perf_counter()
+        I.draw(module, "task", MODEL_SEED + k, self.device)
+        torch.cuda.synchronize()
+        draw_ms = min(draw_ms, (time.perf_counter() - t_draw) * 1e3)
       out = model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in x])
       info = describe_live(task_id, module, model, x, out)
       start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
