@@ -66,6 +66,11 @@ _MAX_BLOCKS = 4096
 _kernels: dict = {}  # CUDA device index -> (module, {dtype: function}).
 
 
+def prepare(device: torch.device) -> None:
+  """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
+  _functions(device)
+
+
 def _functions(device: torch.device) -> dict:
   index = device.index if device.index is not None else torch.cuda.current_device()
   if index not in _kernels:

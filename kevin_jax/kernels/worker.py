@@ -31,7 +31,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
-from kevin_jax.kernels import static, tasks, timing
+from kevin_jax.kernels import closeness, static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
 from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
@@ -115,6 +115,7 @@ class GpuWorker:
     seed = settings.get("seed", -1)
     self.secret = random.Random(seed) if seed is not None and seed >= 0 else random.SystemRandom()
     self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
+    closeness.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
     import cupy  # pylint: disable=g-import-not-at-top
     self.describe = {
