@@ -80,6 +80,24 @@ def test_seal_leaves_no_copy_of_its_stream(monkeypatch, dtype, n):
   assert torch.equal(B.bytes_of(y), B.bytes_of(x))
 
 
+def test_seal_in_chunks_is_the_same_involution(monkeypatch):
+  """A tensor larger than one stream chunk: sealing hides every chunk, a second seal restores the bytes, and the
+  one scratch buffer is zero at the end."""
+  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 100)
+  made, real_empty = [], torch.empty
+  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
+  x = torch.randn(1030)
+  y = x.clone()
+  B.seal(y, 5)
+  assert len(made) == 1 and made[0].numel() == 100 and int(made[0].count_nonzero()) == 0
+  for k in range(0, 1030, 100):
+    assert (y[k:k + 100] != x[k:k + 100]).float().mean() > 0.9, k
+  pad = B.bytes_of(y) ^ B.bytes_of(x)
+  assert (pad[:400] == pad[400:800]).float().mean() < 0.05  # Every chunk has its own part of the stream.
+  B.seal(y, 5)
+  assert torch.equal(y, x)
+
+
 def test_seal_all_gives_every_tensor_its_own_stream():
   """Two outputs sealed with one stream would leak a ^ b (a known output unseals the other); seal_all does not."""
   a, b = torch.randn(4096), torch.randn(4096)

@@ -25,6 +25,7 @@ POISON_FINITE = 0x5A  # Second run: 1.5e16 (fp32), 203.25 (fp16), ...
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
           "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool, "int8": torch.int8,
           "int16": torch.int16}
+SEAL_CHUNK_WORDS = 16 * 2**20  # 64 MiB of seal stream at a time.
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -141,8 +142,8 @@ class BufferSet:
 def seal(t: torch.Tensor, seed: int) -> None:
   """XORs a tensor's bytes in place with a secret stream (seed stays on the host); seal again to undo.
 
-  The stream is drawn in 32-bit words (a byte tail separately) and zero-filled once used, so no copy of it is
-  left in freed memory while a candidate runs.
+  The stream is drawn in 32-bit words (a byte tail separately), SEAL_CHUNK_WORDS at a time into one scratch
+  buffer that is zero-filled at the end, so no copy of it is left in freed memory while a candidate runs.
   """
   if t.numel() == 0:
     return
@@ -152,8 +153,12 @@ def seal(t: torch.Tensor, seed: int) -> None:
   n4 = b.numel() // 4 if b.storage_offset() % 4 == 0 else 0
   if n4:
     words = b[:4 * n4].view(torch.int32)
-    stream = torch.empty(n4, dtype=torch.int32, device=t.device).random_(-2**31, 2**31, generator=gen)
-    words.bitwise_xor_(stream)
+    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=t.device)
+    for start in range(0, n4, stream.numel()):
+      part = words[start:start + stream.numel()]
+      chunk = stream[:part.numel()]
+      chunk.random_(-2**31, 2**31, generator=gen)
+      part.bitwise_xor_(chunk)
     stream.zero_()
   if b.numel() > 4 * n4:
     tail = b[4 * n4:]
