@@ -17,6 +17,10 @@ Writes bench_evaluator.json and bench_evaluator.md to --out (default $OUT) and p
   python experiments/bench_evaluator.py --suite --out runs/suite_check    (about 3 minutes)
 evaluates every solution of the bundled suite (kevin_jax/data/solutions/*/*/*.md) instead and compares each status
 with the `expect` in its meta.json (writes suite_check.json / suite_check.md: mismatches, reference times, speedups).
+
+  python experiments/bench_evaluator.py --compare-suite OLD/suite_check.json NEW/suite_check.json     (no GPU)
+compares two suite checks (two trees, or two settings): status changes, and per solution correct in both the ratio
+new speedup / old speedup (median, worst, and how many lie outside +-1 %).
 """
 
 from __future__ import annotations
@@ -114,7 +118,14 @@ def main() -> None:
   ap.add_argument("--suite", action="store_true", help="check the bundled suite's solutions against meta.json")
   ap.add_argument("--timing-max-s", type=float, default=0.0,
                   help="evaluator.timing_max_s (time budget of one candidate's timed runs; 0 = all 100 runs)")
+  ap.add_argument("--compare-suite", nargs=2, metavar=("OLD_JSON", "NEW_JSON"),
+                  help="compare two suite_check.json files and exit (no GPU)")
+  ap.add_argument("--ref-timing", default="interleaved", choices=("interleaved", "cached"),
+                  help="evaluator.ref_timing ('cached': the reference timed in a task's first evaluation only)")
   args = ap.parse_args()
+  if args.compare_suite:
+    print(compare_suites(*args.compare_suite))
+    return
   if args.suite:
     suite_check(args)
     return
@@ -127,7 +138,7 @@ def main() -> None:
   t_all = time.perf_counter()
   cands = {t: read("candidates", t + ".md") for t in TASKS}
   cache_dir = tempfile.mkdtemp(prefix="bench_evaluator_cache_")  # Cold NVRTC cache.
-  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s)
+  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s, ref_timing=args.ref_timing)
   t = time.perf_counter()
   with Evaluator(cfg, task_source=os.path.join(DATA, "tasks"), _gpu_role="fake" if args.fake else "gpu") as ev:
     # Warm-up: one evaluation per task loads the reference models and cuBLAS in the worker.
@@ -216,7 +227,8 @@ def suite_check(args) -> None:
       items.append((task_id, open(f, encoding="utf-8").read()))
       labels.append((task_id, name, meta.get("solutions", {}).get(name, {}).get("expect")))
   t = time.perf_counter()
-  cfg = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_"), timing_max_s=args.timing_max_s)
+  cfg = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_"), timing_max_s=args.timing_max_s,
+                        ref_timing=args.ref_timing)
   with Evaluator(cfg, task_source="bundled", _gpu_role="fake" if args.fake else "gpu") as ev:
     rs = ev.evaluate(items)
     gpu = ev.gpu_info
@@ -227,8 +239,8 @@ def suite_check(args) -> None:
            "ok": exp is None or exp == r.status} for (tid, name, exp), r in zip(labels, rs)]
   bad = [x for x in rows if not x["ok"]]
   with open(os.path.join(args.out, "suite_check.json"), "w", encoding="utf-8") as f:
-    json.dump({"gpu": gpu, "wall_s": wall, "timing_max_s": args.timing_max_s, "rows": rows}, f, indent=2,
-              default=str)
+    json.dump({"gpu": gpu, "wall_s": wall, "timing_max_s": args.timing_max_s, "ref_timing": args.ref_timing,
+               "rows": rows}, f, indent=2, default=str)
   timing_total = sum(x["timing_s"] or 0.0 for x in rows)
   lines = [f"# Suite check: {len(rows) - len(bad)}/{len(rows)} solutions match their expected status "
            f"({wall:.0f} s, {timing_total:.0f} s of it timing, timing_max_s {args.timing_max_s:g}, "
@@ -245,6 +257,33 @@ def suite_check(args) -> None:
   with open(os.path.join(args.out, "suite_check.md"), "w", encoding="utf-8") as f:
     f.write(md)
   print(md)
+
+
+def compare_suites(old_path: str, new_path: str) -> str:
+  """Markdown: status changes and the new / old speedup ratio of every solution correct in both checks."""
+  def rows(path):
+    with open(path, encoding="utf-8") as f:
+      d = json.load(f)
+    return d, {(x["task"], x["solution"]): x for x in d["rows"]}
+  (old_d, old), (new_d, new) = rows(old_path), rows(new_path)
+  changed = [(k, old[k]["status"], new[k]["status"]) for k in sorted(old.keys() & new.keys())
+             if old[k]["status"] != new[k]["status"]]
+  ratios = sorted((new[k]["speedup"] / old[k]["speedup"], k) for k in old.keys() & new.keys()
+                  if old[k]["status"] == new[k]["status"] == "correct" and old[k]["speedup"] and new[k]["speedup"])
+  lines = [f"# Suite checks compared: {old_path} (old) vs {new_path} (new)", "",
+           f"old: {old_d.get('wall_s', 0):.0f} s on {(old_d.get('gpu') or {}).get('device_name')}; new: "
+           f"{new_d.get('wall_s', 0):.0f} s on {(new_d.get('gpu') or {}).get('device_name')}", "",
+           f"status changes: {len(changed)} of {len(old.keys() & new.keys())} solutions"]
+  lines += [f"- {task} {name}: {a} -> {b}" for (task, name), a, b in changed]
+  if ratios:
+    vals = [r for r, _ in ratios]
+    worst = max(ratios, key=lambda rk: abs(rk[0] - 1.0))
+    outside = [(r, k) for r, k in ratios if abs(r - 1.0) > 0.01]
+    lines += ["", f"speedup ratio new / old over {len(vals)} solutions correct in both: median "
+              f"{statistics.median(vals):.4f}, min {vals[0]:.4f}, max {vals[-1]:.4f}; worst {worst[0]:.4f} "
+              f"({worst[1][0]} {worst[1][1]}); {len(outside)} outside +-1 %"]
+    lines += [f"- {task} {name}: {r:.4f}" for r, (task, name) in outside]
+  return "\n".join(lines) + "\n"
 
 
 def markdown(rep: dict) -> str:

@@ -96,7 +96,7 @@ def test_a_clock_switch_never_scores_a_faster_kernel(ev):
       assert r.speedup <= 1.1 * rs[0].speedup, (ms, r.speedup, rs[0].speedup)
     else:
       assert r.status == "incorrect" and r.score == 0.0, (ms, r.status, r.error)
-  # The shortest delay switches inside the correctness trials (about 0.5 s on this task): the attack does fire.
+  # The shortest delay switches inside the correctness trials or the first timed runs: the attack does fire.
   assert rs[1].status == "incorrect", rs[1].error
 
 

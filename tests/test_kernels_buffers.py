@@ -63,6 +63,52 @@ def test_seal_is_an_involution_and_hides_the_data():
   assert torch.equal(x, y)
 
 
+@pytest.mark.parametrize("dtype,n", [(torch.float32, 1000), (torch.float16, 1001), (torch.uint8, 7)])
+def test_seal_leaves_no_copy_of_its_stream(monkeypatch, dtype, n):
+  """Every stream tensor seal draws is zero-filled once used: freed memory never holds the key to a sealed copy."""
+  made, real_empty, real_randint = [], torch.empty, torch.randint
+  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
+  monkeypatch.setattr(torch, "randint", lambda *a, **k: made.append(real_randint(*a, **k)) or made[-1])
+  x = (torch.arange(n) % 251).to(dtype)
+  y = x.clone()
+  B.seal(y, 99)
+  monkeypatch.undo()
+  assert made and sum(t.numel() * t.element_size() for t in made) == n * x.element_size()
+  assert all(int(t.count_nonzero()) == 0 for t in made)
+  assert (B.bytes_of(y) != B.bytes_of(x)).float().mean() > 0.9
+  B.seal(y, 99)
+  assert torch.equal(B.bytes_of(y), B.bytes_of(x))
+
+
+def test_seal_in_chunks_is_the_same_involution(monkeypatch):
+  """A tensor larger than one stream chunk: sealing hides every chunk, a second seal restores the bytes, and the
+  one scratch buffer is zero at the end."""
+  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 100)
+  made, real_empty = [], torch.empty
+  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
+  x = torch.randn(1030)
+  y = x.clone()
+  B.seal(y, 5)
+  assert len(made) == 1 and made[0].numel() == 100 and int(made[0].count_nonzero()) == 0
+  for k in range(0, 1030, 100):
+    assert (y[k:k + 100] != x[k:k + 100]).float().mean() > 0.9, k
+  pad = B.bytes_of(y) ^ B.bytes_of(x)
+  assert (pad[:400] == pad[400:800]).float().mean() < 0.05  # Every chunk has its own part of the stream.
+  B.seal(y, 5)
+  assert torch.equal(y, x)
+
+
+def test_seal_all_gives_every_tensor_its_own_stream():
+  """Two outputs sealed with one stream would leak a ^ b (a known output unseals the other); seal_all does not."""
+  a, b = torch.randn(4096), torch.randn(4096)
+  sa, sb = a.clone(), b.clone()
+  B.seal_all([sa, sb], 7)
+  leaked = B.bytes_of(sa) ^ B.bytes_of(sb)
+  assert (leaked == (B.bytes_of(a) ^ B.bytes_of(b))).float().mean() < 0.05
+  B.seal_all([sa, sb], 7)
+  assert torch.equal(sa, a) and torch.equal(sb, b)
+
+
 def test_compare_floats():
   ref = torch.tensor([1.0, -2.0, 100.0, 0.0, float("nan")])
   assert B.compare(ref.clone(), ref, 1e-4, 1e-4) is None  # NaN where the reference is NaN passes.

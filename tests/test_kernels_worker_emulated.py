@@ -94,8 +94,6 @@ def emu(monkeypatch, tmp_path):
   monkeypatch.setattr(worker, "read_cubin", lambda cubin: None)  # No cubin here: the ELF checks are test_kernels_cubin's.
   monkeypatch.setattr(worker.static, "check_cubin", lambda *a, **k: None)
   monkeypatch.setattr(worker, "_context_ok", lambda: True)
-  monkeypatch.setattr(worker.TaskState, "pinned_out",
-                      lambda self, j, like: torch.empty(like.shape, dtype=like.dtype))
   real_alloc = B.BufferSet.alloc
 
   def alloc(self, name, shape, dtype):
@@ -531,3 +529,46 @@ def test_the_evaluation_budget_ends_a_slow_candidate(emu):
   res = emu({"add": slow}, budget_s=0.6)
   assert res["status"] == "timeout" and res["flags"] == ["eval_deadline"] and res["fatal"], res["error"]
   assert time.monotonic() - t < 5
+
+
+# --- what the GPU holds while the candidate runs, and how far the timing loop runs ahead ----------------------
+
+def test_the_kept_reference_outputs_are_sealed_while_the_candidate_runs(emu, monkeypatch):
+  """The reference's outputs of a trial stay on the device until the comparison, sealed: a kernel that finds them
+  and copies them into its output (reading the answer instead of computing it) is incorrect."""
+  kept = []
+  real = worker.GpuWorker.reference
+
+  def reference(self, state, inputs):
+    out = real(self, state, inputs)
+    kept.append(out[0])
+    return out
+
+  monkeypatch.setattr(worker.GpuWorker, "reference", reference)
+
+  def peek(x, y, out, n):
+    truth = x.tensor + y.tensor
+    assert (B.bytes_of(kept[-1][0]) != B.bytes_of(truth)).float().mean() > 0.9  # Sealed, not the answer.
+    out.tensor.copy_(kept[-1][0])
+
+  res = emu({"add": peek})
+  assert res["status"] == "incorrect" and res["details"]["mismatch"]["trial"] == 1, res["error"]
+  assert emu({"add": _add})["status"] == "correct"
+
+
+def test_timing_waits_for_every_run_with_one_run_queued_ahead(emu, monkeypatch):
+  """Each timed run is waited for (a hang or the budget is caught run by run), in order, while the next run is
+  already queued: the host prepares run i + 1 as the GPU runs run i, never more than one run ahead."""
+  calls, waits = [], []
+  monkeypatch.setattr(worker, "wait", lambda stream, deadline, what, event=None: waits.append((what, len(calls))))
+
+  def counting_add(x, y, out, n):
+    calls.append(1)
+    _add(x, y, out, n)
+
+  res = emu({"add": counting_add}, timing_runs=20, warmup_runs=3, validate_fraction=0.0)
+  assert res["status"] == "correct"
+  timed = [(what, n) for what, n in waits if what.startswith("timed run")]
+  assert [what for what, _ in timed] == [f"timed run {i}" for i in range(1, 24)]
+  # Launches done when run i is waited for: the trials', runs 1..i and run i + 1 (the last run: nothing after it).
+  assert [n for _, n in timed] == [TRIAL_CALLS + min(i + 1, 23) for i in range(1, 24)]

@@ -111,10 +111,11 @@ class KernelModule:
         raise CandidateError(kind, f"launch {k + 1} ({bl.kernel}): {msg} [{e}]", fatal=True, launch=k) from e
 
 
-def wait(stream: torch.cuda.Stream, deadline: float, what: str) -> None:
-  """Waits for the stream's work, polling an event; raises CandidateError (fatal) on a fault or past deadline."""
+def wait(stream: torch.cuda.Stream, deadline: float, what: str, event=None) -> None:
+  """Waits for the stream's work (or for `event`, recorded on it), polling; raises CandidateError (fatal) on a fault
+  or past the deadline."""
   spins = 0
-  ev = None
+  ev = event
   while True:
     try:  # A fault of an earlier launch can surface already at record().
       if ev is None:

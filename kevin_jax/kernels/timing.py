@@ -12,10 +12,14 @@ Per iteration (warm-up iterations first, untimed):
   4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
   5. on a secret random subset of iterations (always the first and the last timed one, the first warm-up one,
      and all of them when re-checking an excessive speedup): the candidate's outputs are compared on the GPU with
-     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed), and keyed
+     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed; on other
+     iterations they are scrubbed only with rescaled inputs, since a fresh draw shares nothing with them), and keyed
      hashes (integrity.py) of the candidate's input and parameter buffers taken before and after its launches
      must agree;
-  6. a polled device sync with a deadline (a hang becomes a timeout; the evaluation's budget applies too).
+  6. a polled wait with a deadline (a hang becomes a timeout; the evaluation's budget applies too) for the
+     iteration before: the host queues iteration i+1 while the GPU runs iteration i, so host-side preparation
+     (draw calls, launches, events) overlaps the GPU. Everything still runs in order on the worker's one stream:
+     nothing runs beside the candidate's or the reference's timed launches.
 Each pass starts with fresh guard canaries and ends with a guard check and a byte comparison of the parameter
 buffers, so a timed run that writes out of bounds or mutates inputs is caught even if it restores what it changed
 before a validated iteration's check.
@@ -35,6 +39,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels.closeness import count_bad
 
 
 def _stats(ms: list[float]) -> dict:
@@ -44,13 +49,6 @@ def _stats(ms: list[float]) -> dict:
   q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
   return {"median": statistics.median(s), "mean": statistics.fmean(s), "min": s[0], "p10": q(0.1), "p90": q(0.9),
           "n": len(s)}
-
-
-def _count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
-  if ref.is_floating_point():
-    wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    return (~torch.isclose(out.to(wide), ref.to(wide), rtol=rtol, atol=atol, equal_nan=True)).sum()
-  return (out != ref).sum()
 
 
 def _scrub(outs, param_ptrs) -> None:
@@ -170,6 +168,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
   cand_ev, ref_ev, checks, integrity = [], [], [], []
   su.bufs.rearm()
   timed_since = None
+  in_flight = None  # (label, completion event) of the iteration queued before this one (module docstring, 6.)
   for i in range(total):
     if i == warmup:
       timed_since = time.monotonic()
@@ -196,18 +195,24 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
       ref_out = su.run_reference(k, ref_args)
       r1.record(stream)
       if validate[i]:
-        bad = [_count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
+        bad = [count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
         checks.append((i, torch.stack(bad).sum()))
-      _scrub(ref_out, su.param_ptrs)
+      if validate[i] or not su.fresh:  # Unchecked fresh draws: the next run's inputs are independent of these.
+        _scrub(ref_out, su.param_ptrs)
       del ref_out
       if i >= warmup and time_ref:
         ref_ev.append((r0, r1))
     del ref_args
-    w.wait_for(f"timed run {i + 1}", deadline_s)
+    done = torch.cuda.Event()
+    done.record(stream)
+    if in_flight is not None:
+      w.wait_for(in_flight[0], deadline_s, in_flight[1])
+    in_flight = (f"timed run {i + 1}", done)
     if i >= warmup:
       cand_ev.append((c0, c1))
     if last:
       break
+  w.wait_for(in_flight[0], deadline_s, in_flight[1])
   out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
          "validated": len(checks), "bad_run": None, "mutated_run": None, "budget_stop": len(cand_ev) < n_runs,
          "guard": None}

@@ -1,0 +1,111 @@
+"""Counting the elements of an output that miss the reference: the rule of torch.isclose(equal_nan=True) in one pass.
+
+    close(a, r) = a == r  or  (a, r both NaN)  or  (|a - r| finite and |a - r| <= atol + |rtol * r|)
+
+evaluated in float32 (float64 for float64 outputs; fp16/bf16 are widened to float32 first, exactly), the way
+torch evaluates it: every operation rounded on its own, the tolerances rounded to the working precision. On CUDA
+it is one bandwidth-bound pass over both tensors (an evaluator-owned NVRTC kernel with explicitly rounded
+arithmetic, NaN/Inf tested on the bits, a warp reduction and one atomic per warp) instead of torch.isclose's dozen
+elementwise passes; elsewhere (the emulated worker) torch.isclose itself. Integer and bool outputs are compared
+exactly. The count stays on the device, so the timing loop can check outputs without a synchronisation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+# The rule per element (also compiled for the host by tests/test_closeness.py, against torch.isclose).
+RULE = r"""
+__device__ __forceinline__ bool bad_f32(float a, float r, float atol, float rtol) {
+  unsigned int ua = __float_as_uint(a) & 0x7fffffffu, ur = __float_as_uint(r) & 0x7fffffffu;
+  if (a == r || (ua > 0x7f800000u && ur > 0x7f800000u)) return false;
+  float actual = fabsf(__fsub_rn(a, r));
+  float allowed = __fadd_rn(atol, fabsf(__fmul_rn(rtol, r)));
+  bool finite = (__float_as_uint(actual) & 0x7f800000u) != 0x7f800000u;
+  return !(finite && actual <= allowed);
+}
+
+__device__ __forceinline__ bool bad_f64(double a, double r, double atol, double rtol) {
+  unsigned long long ua = __double_as_longlong(a) & 0x7fffffffffffffffULL;
+  unsigned long long ur = __double_as_longlong(r) & 0x7fffffffffffffffULL;
+  if (a == r || (ua > 0x7ff0000000000000ULL && ur > 0x7ff0000000000000ULL)) return false;
+  double actual = fabs(__dsub_rn(a, r));
+  double allowed = __dadd_rn(atol, fabs(__dmul_rn(rtol, r)));
+  bool finite = (__double_as_longlong(actual) & 0x7ff0000000000000ULL) != 0x7ff0000000000000ULL;
+  return !(finite && actual <= allowed);
+}
+"""
+_SOURCE = RULE + r"""
+__device__ __forceinline__ void add_count(unsigned long long bad, unsigned long long* count) {
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, o);
+  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(count, bad);
+}
+
+extern "C" __global__ void count_bad_f32(const float* __restrict__ a, const float* __restrict__ r,
+                                         unsigned long long n, float atol, float rtol, unsigned long long* count) {
+  unsigned long long bad = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    bad += bad_f32(a[i], r[i], atol, rtol);
+  add_count(bad, count);
+}
+
+extern "C" __global__ void count_bad_f64(const double* __restrict__ a, const double* __restrict__ r,
+                                         unsigned long long n, double atol, double rtol, unsigned long long* count) {
+  unsigned long long bad = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    bad += bad_f64(a[i], r[i], atol, rtol);
+  add_count(bad, count);
+}
+"""
+_THREADS = 256
+_MAX_BLOCKS = 4096
+_kernels: dict = {}  # CUDA device index -> (module, {dtype: function}).
+
+
+def prepare(device: torch.device) -> None:
+  """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
+  _functions(device)
+
+
+def _functions(device: torch.device) -> dict:
+  index = device.index if device.index is not None else torch.cuda.current_device()
+  if index not in _kernels:
+    from cupy.cuda import function  # pylint: disable=g-import-not-at-top
+    from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
+    major, minor = torch.cuda.get_device_capability(index)
+    res = compile_mod.compile_cuda(_SOURCE, f"sm_{major}{minor}", cache_dir="")
+    if not res.ok:
+      raise RuntimeError(f"the output comparison kernel did not compile: {res.log}")
+    module = function.Module()
+    module.load(res.cubin)
+    _kernels[index] = (module, {torch.float32: module.get_function("count_bad_f32"),
+                                torch.float64: module.get_function("count_bad_f64")})
+  return _kernels[index][1]
+
+
+def count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+  """Elements of `out` outside the tolerance of `ref` (same shape), as a 0-d int64 tensor on their device."""
+  if not ref.is_floating_point():
+    return (out != ref).sum()
+  wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+  o, r = out.to(wide).contiguous(), ref.to(wide).contiguous()
+  if o.device.type != "cuda":
+    return (~torch.isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)).sum()
+  count = torch.zeros((), dtype=torch.int64, device=o.device)
+  n = o.numel()
+  if n == 0:
+    return count
+  from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
+  func = _functions(o.device)[wide]
+  scalar = ctypes.c_double if wide == torch.float64 else ctypes.c_float
+  keep = [ctypes.c_uint64(o.data_ptr()), ctypes.c_uint64(r.data_ptr()), ctypes.c_uint64(n), scalar(atol),
+          scalar(rtol), ctypes.c_uint64(count.data_ptr())]
+  params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
+  blocks = min(_MAX_BLOCKS, -(-n // _THREADS))
+  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(o.device).cuda_stream,
+                      ctypes.addressof(params), 0)
+  return count
