@@ -82,7 +82,7 @@ def check_task(spec: tasks.TaskSpec, cpu_limit_mb: float = 256.0) -> Check:
     try:
       with torch.device("meta"):
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
+        model = module.Model(*module.get_init_inputs()).eval()
     except Exception as e:  # pylint: disable=broad-except
       return fail("init", e)
     try:
@@ -103,7 +103,7 @@ def check_task(spec: tasks.TaskSpec, cpu_limit_mb: float = 256.0) -> Check:
         return c
       try:
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
+        model = module.Model(*module.get_init_inputs()).eval()
         out = model(*module.get_inputs())
         c.device = "cpu"
       except Exception as e:  # pylint: disable=broad-except

@@ -180,7 +180,7 @@ def analyze_task(spec: tasks.TaskSpec) -> TaskInfo:
     try:
       with torch.device(device), torch.no_grad():
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
+        model = module.Model(*module.get_init_inputs()).eval()
         inputs = list(module.get_inputs())
         outputs = model(*inputs)
       return describe_live(spec.id, module, model, inputs, outputs)

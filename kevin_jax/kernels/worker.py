@@ -159,7 +159,8 @@ class GpuWorker:
       except RuntimeError:
         torch.manual_seed(MODEL_SEED)
         model = module.Model(*init)
-      model = model.to(self.device)
+      model = model.to(self.device).eval()  # As KernelBench's harness: Dropout is the identity, BatchNorm uses
+      # its running statistics, so the reference is a function of its inputs (the same on every call).
       x = I.draw(module, "task", MODEL_SEED, self.device)
       t_draw = time.perf_counter()
       I.draw(module, "task", MODEL_SEED + 1, self.device)
