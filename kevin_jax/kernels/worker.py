@@ -31,7 +31,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
-from kevin_jax.kernels import static, tasks, timing
+from kevin_jax.kernels import footprint, static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
 from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
@@ -191,6 +191,10 @@ class GpuWorker:
     state = None
     try:
       report("load")
+      too_large = self._over_budget(job)
+      if too_large is not None:
+        res.update(too_large)
+        return res
       state = self.task(job["task_id"], job["task_path"])
       times["load"] = time.perf_counter() - t0
       self.budget_end = time.monotonic() + float(job["budget_s"])  # The task load is not the candidate's time.
@@ -235,6 +239,23 @@ class GpuWorker:
         self._after(state, res)
     times["gpu_total"] = time.perf_counter() - t0
     return res
+
+  def _over_budget(self, job: dict) -> dict | None:
+    """The task-level skip when one evaluation would not fit task_memory_fraction x the free GPU memory.
+
+    Free memory counts what this process's allocator caches but does not use, and a loaded task's own
+    parameters (already resident, and part of the footprint); shapes come from the static stage's TaskInfo.
+    """
+    fraction = float(self.s.get("task_memory_fraction", 0.0))
+    key = (job["task_id"], job["task_path"])
+    loaded = self.tasks.get(key)
+    info = loaded.info if loaded is not None else job.get("task_info")
+    if fraction <= 0 or info is None:
+      return None
+    free = torch.cuda.mem_get_info(self.device)[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    if loaded is not None:
+      free += sum(p.numel() * p.element_size() for p in loaded.params.values())
+    return footprint.too_large_result(job["task_id"], info, free, fraction, self.s["timing_input_sets"])
 
   def wait_for(self, what: str, deadline_s: float) -> None:
     """Waits for the stream; a launch running past deadline_s is a hang, past the evaluation's budget a deadline."""
