@@ -208,6 +208,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.tasks.test_ids = ()  # Explicit held-out task ids; () = the complement of train_ids.
   c.tasks.test_fraction = 0.25  # Held-out share per level when splitting automatically.
   c.tasks.split_seed = 0  # Seed of the deterministic split.
+  c.tasks.hygiene = "auto"  # Task hygiene at load (kernels/hygiene.py): degenerate, non-deterministic or unloadable
+  #   tasks leave the task list, reported in workdir/task_hygiene.md; 'auto' = on for KernelBench and other external
+  #   sources, off for the bundled suite and the generated world (gated by their tests) | 'on' | 'off'.
 
   # --- Evaluation runs (mode=evaluate): best@k / avg@k / fast_p, test-time scaling [P §4]. ---
   c.evaluation = ml_collections.ConfigDict()

@@ -47,6 +47,7 @@ from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import evaluate
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
+from kevin_jax import task_hygiene
 from kevin_jax.rl import batch as batch_lib
 from kevin_jax.rl import grpo
 from kevin_jax.rl import rollout as ro
@@ -259,6 +260,7 @@ def run(config, workdir: str) -> None:
     if grpo_cfg.kl_beta > 0:
       ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)
+  task_hygiene.write_report(config, runtime.task_source(config), workdir)  # tasks.hygiene: what left the task list.
   hf_dir = os.path.join(workdir, "hf")
   if start > 0 and start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)

@@ -103,6 +103,17 @@ def _meta_bytes(module, task_id: str):
     return None
 
 
+def _meta_input_bytes(module) -> int | None:
+  """Bytes of one get_inputs() draw on the meta device (None when that fails too)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  try:
+    with torch.device("meta"):
+      xs = list(module.get_inputs())
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+
+
 def _fit_batch(module, task_id: str, max_bytes: int) -> str | None:
   """Lowers the module's `batch_size` until the checks fit max_bytes: '' (fits), 'batch_size A -> B', or None."""
   m = _meta_bytes(module, task_id)
@@ -182,10 +193,17 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
   if max_bytes is None:
     max_bytes = CPU_MAX_BYTES if device == "cpu" else int(0.5 * torch.cuda.mem_get_info()[0])
   reduced = _fit_batch(module, task_id, max_bytes) if m is not None else ""
+  if m is None:  # Shapes unknown without running it: run it only when its inputs alone are small.
+    in_bytes = _meta_input_bytes(module)
+    if in_bytes is None or 4 * in_bytes > max_bytes:
+      reduced = None
   if reduced is None:
+    need = (f"about {hygiene_bytes(m[0]) / 2**30:.1f} GiB" if m is not None else
+            "an unknown amount (no meta-device run)" if in_bytes is None else
+            f"more than {4 * in_bytes / 2**30:.1f} GiB (no meta-device run)")
     rec.verdict = "flagged"
-    rec.reasons = [f"not checked on {device}: the checks need about {hygiene_bytes(m[0]) / 2**30:.1f} GiB, over "
-                   f"the limit of {max_bytes / 2**30:.1f} GiB, and the task has no batch_size to lower"]
+    rec.reasons = [f"not checked on {device}: the checks need {need}, over the limit of {max_bytes / 2**30:.1f} "
+                   f"GiB, and the task has no batch_size to lower"]
     rec.seconds = time.perf_counter() - t0
     return rec
   rec.reduced = reduced
@@ -199,6 +217,12 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
                      f"eval() mode (Dropout is the identity, BatchNorm uses its running statistics)")
     xs = I.draw(module, "task", 1, torch.device(device))
     ys = _outs(model(*_clone(xs)))
+    if m is None:  # The footprint from the live run (at the task's own sizes: nothing was reduced).
+      from kevin_jax.kernels import taskinfo  # pylint: disable=g-import-not-at-top
+      info = taskinfo.describe_live(task_id, module, model, xs, ys)
+      b = footprint.task_bytes(info)
+      rec.input_bytes, rec.output_bytes, rec.param_bytes = b.inputs, b.outputs, b.params
+      rec.evaluation_bytes = footprint.evaluation_bytes(info)
     ys_again = _outs(model(*_clone(xs)))
     for k, (a, b) in enumerate(zip(ys, ys_again)):
       if not _all_close(a, b, atol, rtol):
@@ -380,7 +404,7 @@ def main(argv=None) -> int:
   p.add_argument("--source", required=True, help="a task source (tasks.discover): a directory, a file, 'bundled'")
   p.add_argument("--levels", default="", help="comma-separated levels (default: all)")
   p.add_argument("--ids", default="", help="comma-separated task ids to check (default: all of the source)")
-  p.add_argument("--device", default="cpu", help="cpu | cuda")
+  p.add_argument("--device", default="cpu", help="cpu | cuda | auto (cuda when a GPU is visible)")
   p.add_argument("--atol", type=float, default=1e-4)
   p.add_argument("--rtol", type=float, default=1e-4)
   p.add_argument("--distributions", default=",".join(DEFAULT_DISTRIBUTIONS))
@@ -390,6 +414,9 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="", help="write hygiene.md and hygiene.csv here")
   p.add_argument("--json", default="", help="write the records to this JSON file")
   a = p.parse_args(argv)
+  if a.device == "auto":
+    import torch  # pylint: disable=g-import-not-at-top
+    a.device = "cuda" if torch.cuda.is_available() else "cpu"
   levels = [int(x) for x in a.levels.split(",") if x.strip()] or None
   specs = tasks.discover(a.source, levels)
   if a.ids:
