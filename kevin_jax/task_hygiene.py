@@ -60,7 +60,9 @@ def records(config, source: str, specs) -> list[hygiene.TaskHygiene]:
       cmd = [sys.executable, "-m", "kevin_jax.kernels.hygiene", "--source", source, "--device", "auto",
              "--ids", ",".join(s.id for s in missing), "--atol", repr(st["atol"]), "--rtol", repr(st["rtol"]),
              "--distributions", ",".join(st["distributions"]), "--cache-dir", where, "--json", out]
-      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+      root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # Importable from any working directory.
+      env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+      proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
       if proc.returncode != 0 or not os.path.isfile(out):
         raise SystemExit(f"error: the task hygiene checks failed (tasks.hygiene='off' skips them):\n"
                          f"{(proc.stderr or proc.stdout)[-3000:]}")
