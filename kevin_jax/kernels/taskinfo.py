@@ -1,7 +1,8 @@
 """What a plan may refer to in a task: input/output/parameter shapes and dtypes, constructor scalars, options.
 
 `analyze_task` builds a `TaskInfo` without a GPU by running the task on PyTorch's meta device (shapes only, no
-compute; falls back to a real CPU run when an op has no meta kernel). The GPU worker builds the same record from
+compute; falls back to a real CPU run when an op has no meta kernel); the model is in eval() mode, as everywhere the
+evaluator builds a reference. The GPU worker builds the same record from
 the live model (`from_live`). Both feed `TaskInfo.plan_env()`, the names `plan.bind_plan` resolves.
 
 Task-level options (module attributes of a task file, all optional):
