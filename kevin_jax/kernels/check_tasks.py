@@ -246,7 +246,7 @@ def main(argv=None) -> int:
                  help="also print each loading task's hygiene verdict (kernels/hygiene.py, on --hygiene-device)")
   p.add_argument("--hygiene-device", default="cpu", help="cpu | cuda: where --hygiene runs the references")
   p.add_argument("--hygiene-max-gb", type=float, default=0.0,
-                 help="memory the hygiene checks may use per task, GiB (0 = 1.5 on the CPU, half the free GPU memory)")
+                 help="memory the hygiene checks may use per task, GiB (0 = 0.5 on the CPU, half the free GPU memory)")
   p.add_argument("--gate", choices=("reduced", "full", "none"), default="reduced",
                  help="task world: the degenerate gate at the reduced sizes (default), the real sizes, or not at all")
   a = p.parse_args(argv)

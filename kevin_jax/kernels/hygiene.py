@@ -35,7 +35,7 @@ from kevin_jax.kernels import footprint, tasks
 VERDICTS = ("ok", "flagged", "excluded")
 VERSION = 1  # Bump when a check changes: cached records of older versions are ignored.
 DEFAULT_DISTRIBUTIONS = ("task", "normal", "uniform", "heavy", "shifted")  # configs/multiturn.py evaluator.
-CPU_MAX_BYTES = 3 * 2**29  # 1.5 GiB: the checks' estimated peak on the CPU (hygiene_bytes).
+CPU_MAX_BYTES = 2**29  # 512 MiB: the checks' estimated peak on the CPU (hygiene_bytes).
 MODEL_SEED, OTHER_WEIGHTS_SEED = 0, 4321  # MODEL_SEED as kernels/worker.py.
 MAX_COPY_SOURCES = 64  # Inputs, then parameters and buffers, tried as the source of a copy.
 MODE_DEPENDENT = ("Dropout", "BatchNorm")  # Module class names whose output depends on train/eval mode.
@@ -410,7 +410,7 @@ def main(argv=None) -> int:
   p.add_argument("--rtol", type=float, default=1e-4)
   p.add_argument("--distributions", default=",".join(DEFAULT_DISTRIBUTIONS))
   p.add_argument("--max-gb", type=float, default=0.0,
-                 help="memory the checks may use per task, GiB (0 = 1.5 on the CPU, half the free GPU memory)")
+                 help="memory the checks may use per task, GiB (0 = 0.5 on the CPU, half the free GPU memory)")
   p.add_argument("--cache-dir", default="", help="record cache ('' = none)")
   p.add_argument("--out", default="", help="write hygiene.md and hygiene.csv here")
   p.add_argument("--json", default="", help="write the records to this JSON file")
