@@ -36,6 +36,7 @@ import time
 import traceback
 
 from kevin_jax.kernels import tasks
+from kevin_jax.kernels.taskinfo import as_reference
 
 
 @dataclasses.dataclass
@@ -87,7 +88,7 @@ def check_task(spec: tasks.TaskSpec, cpu_limit_mb: float = 256.0) -> Check:
     try:
       with torch.device("meta"):
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).eval()
+        model = as_reference(module.Model(*module.get_init_inputs()))
     except Exception as e:  # pylint: disable=broad-except  # An op without a meta kernel, or a broken init.
       meta_failed = ("init", e)
     try:
@@ -112,7 +113,7 @@ def check_task(spec: tasks.TaskSpec, cpu_limit_mb: float = 256.0) -> Check:
         return c
       try:
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).eval()
+        model = as_reference(module.Model(*module.get_init_inputs()))
       except Exception as e:  # pylint: disable=broad-except
         return fail("init", e)
       try:

@@ -95,7 +95,7 @@ def _meta_bytes(module, task_id: str):
   from kevin_jax.kernels import taskinfo  # pylint: disable=g-import-not-at-top
   try:
     with torch.device("meta"), torch.no_grad():
-      model = module.Model(*module.get_init_inputs()).eval()
+      model = taskinfo.as_reference(module.Model(*module.get_init_inputs()))
       xs = list(module.get_inputs())
       info = taskinfo.describe_live(task_id, module, model, xs, model(*xs))
     return footprint.task_bytes(info), footprint.evaluation_bytes(info)
@@ -161,7 +161,8 @@ def _build(module, seed: int, device):
   except RuntimeError:
     torch.manual_seed(seed)
     model = module.Model(*module.get_init_inputs())
-  return model.to(device).eval()
+  from kevin_jax.kernels import taskinfo  # pylint: disable=g-import-not-at-top
+  return taskinfo.as_reference(model.to(device))
 
 
 def _all_close(a, b, atol: float, rtol: float) -> bool:

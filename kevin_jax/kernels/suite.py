@@ -358,12 +358,13 @@ def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]
   the gate's complaints).
   """
   import torch  # pylint: disable=g-import-not-at-top
+  from kevin_jax.kernels.taskinfo import as_reference  # pylint: disable=g-import-not-at-top
   atol = float(getattr(module, "ATOL", atol))
   rtol = float(getattr(module, "RTOL", rtol))
   as_list = lambda out: list(out) if isinstance(out, (tuple, list)) else [out]
   with torch.no_grad():
     torch.manual_seed(1234)
-    model = module.Model(*module.get_init_inputs()).eval()
+    model = as_reference(module.Model(*module.get_init_inputs()))
     torch.manual_seed(1)
     xs = module.get_inputs()
     ys = as_list(model(*xs))
@@ -372,7 +373,7 @@ def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]
     ys_w = [None] * len(ys)
     if any(p.is_floating_point() for p in model.parameters()):
       torch.manual_seed(4321)
-      ys_w = as_list(module.Model(*module.get_init_inputs()).eval()(*xs))
+      ys_w = as_list(as_reference(module.Model(*module.get_init_inputs()))(*xs))
   first = next((x for x in xs if isinstance(x, torch.Tensor)), None)
   return [degeneracy_stats(y, atol=atol, rtol=rtol, y_other_inputs=yo, y_other_weights=yw, x=first)
           for y, yo, yw in zip(ys, ys_other, ys_w)]

@@ -88,6 +88,13 @@ class TaskInfo:
     return "\n".join(lines)
 
 
+def as_reference(model):
+  """The model in the evaluator's reference mode, eval(): Dropout is the identity, BatchNorm uses its running
+  statistics, so the reference is a function of its inputs (kernels/README.md "The reference"). Every place that
+  builds a reference calls this."""
+  return model.eval()
+
+
 def dtype_name(dtype) -> str:
   return str(dtype).replace("torch.", "")
 
@@ -181,7 +188,7 @@ def analyze_task(spec: tasks.TaskSpec) -> TaskInfo:
     try:
       with torch.device(device), torch.no_grad():
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).eval()
+        model = as_reference(module.Model(*module.get_init_inputs()))
         inputs = list(module.get_inputs())
         outputs = model(*inputs)
       return describe_live(spec.id, module, model, inputs, outputs)

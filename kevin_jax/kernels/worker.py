@@ -39,7 +39,7 @@ from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
 from kevin_jax.kernels.plan import BoundPlan, Limits
 from kevin_jax.kernels.runner import CandidateError, KernelModule, classify, wait
-from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, describe_live, task_options
+from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, as_reference, describe_live, task_options
 
 MODEL_SEED = 0
 MAX_CACHED_TASKS = 8
@@ -161,8 +161,7 @@ class GpuWorker:
       except RuntimeError:
         torch.manual_seed(MODEL_SEED)
         model = module.Model(*init)
-      model = model.to(self.device).eval()  # As KernelBench's harness: Dropout is the identity, BatchNorm uses
-      # its running statistics, so the reference is a function of its inputs (the same on every call).
+      model = as_reference(model.to(self.device))
       x = I.draw(module, "task", MODEL_SEED, self.device)
       t_draw = time.perf_counter()
       I.draw(module, "task", MODEL_SEED + 1, self.device)
