@@ -89,7 +89,8 @@ def test_shuffle_advantages_is_a_seeded_permutation():
 
 def _error_turn(task, traj, turn, flag="evaluator_error"):
   t = _turn(task, traj, turn, 0.0)
-  t.result = {"status": "runtime_error", "score": 0.0, "flags": [flag] + (["evaluator_error"] if flag != "evaluator_error" else [])}
+  flags = [flag] if flag == "evaluator_error" else [flag, "evaluator_error"]
+  t.result = {"status": "runtime_error", "score": 0.0, "flags": flags}
   return t
 
 

@@ -1,7 +1,6 @@
 """Task hygiene (kernels/hygiene.py) on small KernelBench-format fixture tasks written here, on the CPU."""
 
 import os
-import textwrap
 
 import pytest
 
@@ -17,7 +16,8 @@ def get_init_inputs():
 """
 
 FIXTURES = {
-    "zeros": "class Model(nn.Module):\n    def forward(self, x):\n        return x.amax(1, keepdim=True) - x.amax(1, keepdim=True)\n",
+    "zeros": ("class Model(nn.Module):\n    def forward(self, x):\n"
+              "        return x.amax(1, keepdim=True) - x.amax(1, keepdim=True)\n"),
     "constant": "class Model(nn.Module):\n    def forward(self, x):\n        return torch.full_like(x, 2.5) + 0 * x\n",
     "input_copy": "class Model(nn.Module):\n    def forward(self, x):\n        return x.clone()\n",
     "relu": "class Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n",
@@ -143,7 +143,8 @@ def test_report_files(report, tmp_path):
 
 def test_memory_budget():
   info = {"inputs": [{"kind": "tensor", "shape": [1024, 1024], "dtype": "float32"}, {"kind": "scalar", "value": 3}],
-          "outputs": [{"shape": [1024, 1024], "dtype": "float32"}], "params": {"w": {"shape": [10], "dtype": "float16"}}}
+          "outputs": [{"shape": [1024, 1024], "dtype": "float32"}],
+          "params": {"w": {"shape": [10], "dtype": "float16"}}}
   b = footprint.task_bytes(info)
   assert (b.inputs, b.outputs, b.params) == (4 << 20, 4 << 20, 20)
   need = 3 * 20 + 6 * (4 << 20) + 4 * (4 << 20) + (4 << 20)

@@ -298,6 +298,11 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
   return rec
 
 
+def _short(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def check_task(spec: tasks.TaskSpec, **kw) -> TaskHygiene:
   """check_module on a task file; a task that fails to import or run is excluded with the error."""
   t0 = time.perf_counter()
@@ -306,12 +311,12 @@ def check_task(spec: tasks.TaskSpec, **kw) -> TaskHygiene:
     module = tasks.load_module(spec)
   except BaseException as e:  # pylint: disable=broad-except  # SyntaxError, a missing package, SystemExit ...
     return TaskHygiene(task_id=spec.id, verdict="excluded", sha256=sha, seconds=time.perf_counter() - t0,
-                       reasons=[f"fails to import: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"])
+                       reasons=[f"fails to import: {_short(e)}"])
   try:
     return check_module(module, spec.id, sha256=sha, **kw)
   except Exception as e:  # pylint: disable=broad-except
     return TaskHygiene(task_id=spec.id, verdict="excluded", sha256=sha, seconds=time.perf_counter() - t0,
-                       reasons=[f"the reference fails: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"])
+                       reasons=[f"the reference fails: {_short(e)}"])
 
 
 # --- cache and report (no torch) ---------------------------------------------------------------------------------
@@ -387,10 +392,11 @@ def write_report(records: Sequence[TaskHygiene], out_dir: str, name: str = "hygi
       w.writerow([d[c] for c in COLUMNS])
   n = {v: sum(r.verdict == v for r in records) for v in VERDICTS}
   gib = lambda b: f"{b / 2**30:.2f}" if b else "?"
+  devices = ", ".join(sorted({r.device for r in records if r.device})) or "-"
   lines = [f"# Task hygiene: {len(records)} tasks", "",
            f"{n['ok']} ok, {n['flagged']} flagged, {n['excluded']} excluded; "
-           f"{sum(not r.checked for r in records)} not run ({', '.join(sorted({r.device for r in records if r.device})) or '-'}"
-           f" otherwise); {sum(bool(r.reduced) for r in records)} at a reduced batch_size.", "",
+           f"{sum(not r.checked for r in records)} not run ({devices} otherwise); "
+           f"{sum(bool(r.reduced) for r in records)} at a reduced batch_size.", "",
            "| task | verdict | reasons | inputs+outputs GiB | evaluation GiB | reduced |", "|---|---|---|---|---|---|"]
   for r in records:
     if r.verdict != "ok":
