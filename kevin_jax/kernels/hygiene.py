@@ -114,14 +114,17 @@ def _meta_input_bytes(module) -> int | None:
   return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
 
 
-def _fit_batch(module, task_id: str, max_bytes: int) -> str | None:
-  """Lowers the module's `batch_size` until the checks fit max_bytes: '' (fits), 'batch_size A -> B', or None."""
+def _fit_batch(module, task_id: str, max_bytes: int) -> tuple[str | None, str]:
+  """Lowers the module's `batch_size` until the checks fit max_bytes.
+
+  Returns ('' (fits as it is) | 'batch_size A -> B', '') or (None, why not).
+  """
   m = _meta_bytes(module, task_id)
   if m is not None and hygiene_bytes(m[0]) <= max_bytes:
-    return ""
+    return "", ""
   bs = getattr(module, "batch_size", None)
   if m is None or not isinstance(bs, int) or isinstance(bs, bool) or bs <= 1:
-    return None
+    return None, "the task has no batch_size to lower"
   b = m[0]
   new = bs
   while new > 1:
@@ -130,9 +133,9 @@ def _fit_batch(module, task_id: str, max_bytes: int) -> str | None:
     module.batch_size = new
     mm = _meta_bytes(module, task_id)
     if mm is not None and hygiene_bytes(mm[0]) <= max_bytes:
-      return f"batch_size {bs} -> {new}"
+      return f"batch_size {bs} -> {new}", ""
   module.batch_size = bs
-  return None
+  return None, f"not even at batch_size 1 (parameters {b.params / 2**30:.2f} GiB)"
 
 
 def _copy_fraction(y, tensors, atol: float, rtol: float) -> tuple[float, str]:
@@ -193,18 +196,18 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
     rec.evaluation_bytes = m[1]
   if max_bytes is None:
     max_bytes = CPU_MAX_BYTES if device == "cpu" else int(0.5 * torch.cuda.mem_get_info()[0])
-  reduced = _fit_batch(module, task_id, max_bytes) if m is not None else ""
+  reduced, why = _fit_batch(module, task_id, max_bytes) if m is not None else ("", "")
   if m is None:  # Shapes unknown without running it: run it only when its inputs alone are small.
     in_bytes = _meta_input_bytes(module)
     if in_bytes is None or 4 * in_bytes > max_bytes:
-      reduced = None
+      reduced, why = None, "its shapes are unknown without a run"
   if reduced is None:
     need = (f"about {hygiene_bytes(m[0]) / 2**30:.1f} GiB" if m is not None else
             "an unknown amount (no meta-device run)" if in_bytes is None else
             f"more than {4 * in_bytes / 2**30:.1f} GiB (no meta-device run)")
     rec.verdict = "flagged"
     rec.reasons = [f"not checked on {device}: the checks need {need}, over the limit of {max_bytes / 2**30:.1f} "
-                   f"GiB, and the task has no batch_size to lower"]
+                   f"GiB, and {why}"]
     rec.seconds = time.perf_counter() - t0
     return rec
   rec.reduced = reduced
