@@ -240,7 +240,7 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
     params = [(f"parameter '{n}'", p) for n, p in list(model.named_parameters()) + list(model.named_buffers())]
     tensor_inputs = lambda xl: [(f"input {i}", x) for i, x in enumerate(xl) if isinstance(x, torch.Tensor)]
     first = next((x for x in xs if isinstance(x, torch.Tensor)), None)
-    # Per output, the trivial candidates that still match on every distribution so far: kind -> (value, detail).
+    # Per output, the trivial candidates that still match on every distribution so far: kind -> what it writes.
     alive = []
     for k, y in enumerate(ys):
       st = suite.degeneracy_stats(y, atol=atol, rtol=rtol, y_other_inputs=ys_other[k], y_other_weights=ys_w[k],
