@@ -115,7 +115,8 @@ class EvaluatorConfig:
 
   def worker_settings(self) -> dict:
     keys = ("correctness_trials", "timing_runs", "timing_max_s", "timing_min_runs", "warmup_runs", "atol", "rtol",
-            "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets", "task_memory_fraction",
+            "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
+            "task_memory_fraction",
             "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
             "max_local_memory_bytes", "max_static_device_bytes")
     return {k: getattr(self, k) for k in keys}
