@@ -167,6 +167,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.worker_start_timeout_s = 300.0  # A worker process must be ready within this many seconds.
   c.evaluator.timing_input_sets = 2  # Input buffer sets rotated during timing (>= 2; every run gets a fresh draw).
   c.evaluator.input_distributions = ("task", "normal", "uniform", "heavy", "shifted")  # Per correctness trial.
+  c.evaluator.task_memory_fraction = 0.8  # A task whose evaluation needs more than this x the GPU's free memory
+  #   (kernels/footprint.py: 3 params + 6 inputs + 4 outputs + a workspace) is skipped as a whole, an evaluator-side
+  #   result (flags task_too_large, evaluator_error) that never enters the advantage; 0 = no budget. 0.8 leaves a
+  #   fifth for what the estimate leaves out (allocator rounding, the L2 flush buffer, CUDA context).
   c.evaluator.result_cache = 8192  # Results kept for repeats of an identical (task, candidate) pair in later batches
   #   (later turns, steps and evaluations of the same job), LRU entries; 0 = evaluate every batch afresh. Timeouts
   #   and evaluator errors are never reused. Halves an RL step of the default: BENCHMARKS.md "Evaluator".
@@ -204,6 +208,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.tasks.test_ids = ()  # Explicit held-out task ids; () = the complement of train_ids.
   c.tasks.test_fraction = 0.25  # Held-out share per level when splitting automatically.
   c.tasks.split_seed = 0  # Seed of the deterministic split.
+  c.tasks.hygiene = "auto"  # Task hygiene at load (kernels/hygiene.py): degenerate, non-deterministic or unloadable
+  #   tasks leave the task list, reported in workdir/task_hygiene.md; 'auto' = on for KernelBench and other external
+  #   sources, off for the bundled suite and the generated world (gated by their tests) | 'on' | 'off'.
 
   # --- Evaluation runs (mode=evaluate): best@k / avg@k / fast_p, test-time scaling [P §4]. ---
   c.evaluation = ml_collections.ConfigDict()

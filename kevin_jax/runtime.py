@@ -18,6 +18,7 @@ from flax import nnx
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import cuda_driver
 from kevin_jax import sharding
+from kevin_jax import task_hygiene
 from kevin_jax.kernels import tasks as tasks_lib
 from kevin_jax.policy.config import ModelConfig, get_preset, resolve_attention_impl
 from kevin_jax.policy.sampler import Sampler, SamplerConfig
@@ -251,6 +252,7 @@ def load_tasks(config, split: str = "train") -> tuple[list[tasks_lib.TaskSpec], 
     except ValueError as e:
       raise SystemExit(f"error: task split: {e}") from e
     chosen = {"train": train, "test": test, "all": specs}[split]
+  chosen = task_hygiene.filter_tasks(config, source, chosen)  # tasks.hygiene: excluded tasks leave the split.
   if not chosen:
     raise SystemExit(f"error: the {split} split of task source {t.source!r} is empty")
   sources = {s.id: s.source for s in chosen}

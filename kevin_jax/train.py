@@ -47,6 +47,7 @@ from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import evaluate
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
+from kevin_jax import task_hygiene
 from kevin_jax.rl import batch as batch_lib
 from kevin_jax.rl import grpo
 from kevin_jax.rl import rollout as ro
@@ -86,19 +87,26 @@ def rl_step(step: int, state, *, config, policy: runtime.Policy, reward, sources
   if config.rollout.save_turns:
     _save_turns(workdir, step, turns)
   returns, advantages = batch_lib.turn_advantages(turns, grpo_cfg, seed=seed)
-  batch = batch_lib.build_batch(turns, advantages, pad_id=policy.tokenizer.pad_id,
-                                rows_multiple=policy.learner.rows_multiple(), seed=seed)
+  train_turns, train_adv = batch_lib.trainable(turns, advantages)  # Task-level problems are not the policy's.
   t_learn = time.perf_counter()
-  state, learner_metrics = policy.learner.step(state, batch, ref_params=ref_params)
-  learner_metrics = jax.device_get(learner_metrics)
-  check_finite(learner_metrics, step)
+  if train_turns:
+    batch = batch_lib.build_batch(train_turns, train_adv, pad_id=policy.tokenizer.pad_id,
+                                  rows_multiple=policy.learner.rows_multiple(), seed=seed)
+    state, learner_metrics = policy.learner.step(state, batch, ref_params=ref_params)
+    learner_metrics = jax.device_get(learner_metrics)
+    check_finite(learner_metrics, step)
+    rows, seq_len = int(batch.tokens_BxT.shape[0]), int(batch.tokens_BxT.shape[1])
+  else:
+    logging.warning("step %d: every turn's result is a task-level problem (evaluator error, task too large); "
+                    "no update", step)
+    learner_metrics, rows, seq_len = {"grad_norm": 0.0}, 0, 0
   learn_s = time.perf_counter() - t_learn
   m = rollout_metrics(turns, times, returns, advantages, novelty_index)
   m.update({f"learner/{k}": v for k, v in learner_metrics.items() if getattr(v, "ndim", 0) == 0})
   total = time.perf_counter() - t_start
   m.update({"time/learn_s": learn_s, "time/step_s": total, "time/share_generate": times.generate_s / total,
             "time/share_evaluate": times.reward_s / total, "time/share_learn": learn_s / total,
-            "batch/rows": int(batch.tokens_BxT.shape[0]), "batch/seq_len": int(batch.tokens_BxT.shape[1]),
+            "batch/rows": rows, "batch/seq_len": seq_len,
             "tasks": ",".join(task_ids)})
   return state, m
 
@@ -252,6 +260,7 @@ def run(config, workdir: str) -> None:
     if grpo_cfg.kl_beta > 0:
       ref_params = policy.learner.copy_params(state.params)
   _write_config(workdir, config)
+  task_hygiene.write_report(config, runtime.task_source(config), workdir)  # tasks.hygiene: what left the task list.
   hf_dir = os.path.join(workdir, "hf")
   if start > 0 and start >= config.total_steps:
     logging.info("nothing to do: checkpoint step %d >= total_steps %d", start, config.total_steps)

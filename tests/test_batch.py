@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from kevin_jax.rl import grpo
-from kevin_jax.rl.batch import turn_advantages
+from kevin_jax.rl.batch import trainable, turn_advantages
 from kevin_jax.rl.rollout import Turn
 
 
@@ -85,3 +85,42 @@ def test_shuffle_advantages_is_a_seeded_permutation():
   assert not np.array_equal(s1, adv)  # ... in another order,
   np.testing.assert_array_equal(s1, s1_again)  # fixed by the seed,
   assert not np.array_equal(s1, s2)  # and different for another seed.
+
+
+def _error_turn(task, traj, turn, flag="evaluator_error"):
+  t = _turn(task, traj, turn, 0.0)
+  flags = [flag] if flag == "evaluator_error" else [flag, "evaluator_error"]
+  t.result = {"status": "runtime_error", "score": 0.0, "flags": flags}
+  return t
+
+
+def test_task_level_results_stay_out_of_returns_and_advantages():
+  # Task a, one turn each: scores 1, 3, 2 -> mean 2, unbiased std 1 -> advantages -1, 1, 0. A fourth trajectory
+  # whose result is an evaluator error must not change them (a 0 would make the mean 1.5 and the std 1.29).
+  clean = [_turn("a", 0, 0, 1.0), _turn("a", 1, 0, 3.0), _turn("a", 2, 0, 2.0)]
+  cfg = grpo.GRPOConfig(gamma=0.5, adv_eps=1e-12)
+  _, adv_clean = turn_advantages(clean, cfg)
+  np.testing.assert_allclose(adv_clean, [-1.0, 1.0, 0.0], atol=1e-6)
+  for flag in ("evaluator_error", "task_too_large"):
+    ret, adv = turn_advantages(clean + [_error_turn("a", 3, 0, flag)], cfg)
+    np.testing.assert_allclose(adv, [-1.0, 1.0, 0.0, 0.0], atol=1e-6)
+    assert ret[3] == 0.0
+  # TRLOO, same numbers: leave-one-out baselines 2.5, 1.5, 2 -> -1.5, 1.5, 0 with or without the error.
+  trloo = grpo.GRPOConfig(gamma=0.5, adv_baseline="trloo", adv_std_normalize=False)
+  _, a1 = turn_advantages(clean, trloo)
+  _, a2 = turn_advantages(clean + [_error_turn("a", 3, 0)], trloo)
+  np.testing.assert_allclose(a1, [-1.5, 1.5, 0.0], atol=1e-6)
+  np.testing.assert_allclose(a2, [-1.5, 1.5, 0.0, 0.0], atol=1e-6)
+
+
+def test_a_task_level_turn_adds_nothing_to_earlier_returns_and_leaves_the_batch():
+  # Trajectory 0: scores 1, (evaluator error), 4; gamma 0.5, sum: R_2 = 4, R_0 = 1 + 0.5 * 4 (the error is skipped).
+  turns = [_turn("a", 0, 0, 1.0), _error_turn("a", 0, 1), _turn("a", 0, 2, 4.0),
+           _turn("a", 1, 0, 0.0), _turn("a", 1, 1, 0.0), _turn("a", 1, 2, 0.0)]
+  returns, adv = turn_advantages(turns, grpo.GRPOConfig(gamma=0.5, adv_std_normalize=False))
+  np.testing.assert_allclose(returns, [3.0, 0.0, 4.0, 0.0, 0.0, 0.0], atol=1e-6)
+  np.testing.assert_allclose(adv, np.array([3.0, 0.0, 4.0, 0.0, 0.0, 0.0]) - np.array([7 / 5] * 6) *
+                             np.array([1, 0, 1, 1, 1, 1]), atol=1e-6)
+  kept, kept_adv = trainable(turns, adv)
+  assert [(t.traj, t.turn) for t in kept] == [(0, 0), (0, 2), (1, 0), (1, 1), (1, 2)]
+  np.testing.assert_allclose(kept_adv, adv[[0, 2, 3, 4, 5]])

@@ -12,11 +12,14 @@ on the CPU (`--gate full` at the real sizes: minutes per family); per-task lines
 
 Each task goes through the stages a training run needs, and the first failing stage is reported:
   import       the file executes and defines Model, get_inputs, get_init_inputs (KernelBench format)
-  init         get_init_inputs() and Model(*init) on the meta device (no memory, no compute)
+  init         get_init_inputs() and Model(*init) in eval() mode on the meta device (no memory, no compute)
   inputs       get_inputs() on the meta device
-  forward      Model.forward on the meta device; if an op has no meta kernel, a real CPU run when the inputs
-               are small (--cpu-limit-mb), else the task is reported as unchecked
+  forward      Model.forward on the meta device
   outputs      the outputs are tensors (what the evaluator compares)
+When init or forward fails on the meta device (an op without a meta kernel, e.g. Tensor.item()), the task is built
+and run on the CPU as the evaluator's shape analysis does (kernels/taskinfo.py) when its inputs are small
+(--cpu-limit-mb), else it is reported as unchecked. `--hygiene` also prints each loading task's hygiene verdict
+(kernels/hygiene.py: degenerate, non-deterministic, mode-dependent, footprint) on the CPU at reduced sizes.
 Exit status: 0 when every task loads (and the config's ids all exist), 1 otherwise.
 """
 
@@ -33,6 +36,7 @@ import time
 import traceback
 
 from kevin_jax.kernels import tasks
+from kevin_jax.kernels.taskinfo import as_reference
 
 
 @dataclasses.dataclass
@@ -79,31 +83,40 @@ def check_task(spec: tasks.TaskSpec, cpu_limit_mb: float = 256.0) -> Check:
   except BaseException as e:  # pylint: disable=broad-except  # SyntaxError, SystemExit from task code ...
     return fail("import", e)
   with torch.no_grad():
+    meta_failed = None  # (stage, exception) of a meta-device failure: the CPU decides.
+    model = None
     try:
       with torch.device("meta"):
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
-    except Exception as e:  # pylint: disable=broad-except
-      return fail("init", e)
+        model = as_reference(module.Model(*module.get_init_inputs()))
+    except Exception as e:  # pylint: disable=broad-except  # An op without a meta kernel, or a broken init.
+      meta_failed = ("init", e)
     try:
       with torch.device("meta"):
         inputs = list(module.get_inputs())
     except Exception as e:  # pylint: disable=broad-except
       return fail("inputs", e)
     c.inputs = _tensors(inputs)
-    try:
-      with torch.device("meta"):
-        out = model(*inputs)
-    except Exception as meta_error:  # pylint: disable=broad-except  # An op without a meta kernel.
+    if model is not None:
+      try:
+        with torch.device("meta"):
+          out = model(*inputs)
+      except Exception as e:  # pylint: disable=broad-except  # An op without a meta kernel.
+        meta_failed = ("forward", e)
+    if meta_failed is not None:
+      stage, meta_error = meta_failed
       nbytes = sum(math.prod(s) * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in c.inputs)
       if nbytes > cpu_limit_mb * 2**20:
         c.device, c.ok = "unchecked", True
-        c.reason = f"forward has no meta implementation ({_short(meta_error)}); inputs too large for a CPU check"
+        c.reason = f"{stage} has no meta implementation ({_short(meta_error)}); inputs too large for a CPU check"
         c.seconds = time.perf_counter() - t0
         return c
       try:
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
+        model = as_reference(module.Model(*module.get_init_inputs()))
+      except Exception as e:  # pylint: disable=broad-except
+        return fail("init", e)
+      try:
         out = model(*module.get_inputs())
         c.device = "cpu"
       except Exception as e:  # pylint: disable=broad-except
@@ -209,6 +222,17 @@ def check_world(source: str, config_arg: str = "", gate: str = "reduced", verbos
   return (1 if bad else 0), rows
 
 
+def hygiene_summary(specs, device: str = "cpu", max_gb: float = 0.0, out=print) -> list:
+  """Prints a hygiene verdict per task and a summary line; returns the kernels/hygiene.py records."""
+  from kevin_jax.kernels import hygiene  # pylint: disable=g-import-not-at-top
+  recs = hygiene.hygiene_report(specs, device, max_bytes=int(max_gb * 2**30) or None,
+                                log=lambda line: out("hygiene " + line))
+  n = {v: sum(r.verdict == v for r in recs) for v in hygiene.VERDICTS}
+  out(f"hygiene on {device}: {n['ok']} ok, {n['flagged']} flagged, {n['excluded']} excluded, "
+      f"{sum(not r.checked for r in recs)} not run")
+  return recs
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--source", default="bundled", help="'bundled', a KernelBench-style directory, or one task file")
@@ -219,6 +243,11 @@ def main(argv=None) -> int:
   p.add_argument("--json", default="", help="also write the per-task results to this JSON file")
   p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
   p.add_argument("-v", "--verbose", action="store_true", help="task world: a line per task")
+  p.add_argument("--hygiene", action="store_true",
+                 help="also print each loading task's hygiene verdict (kernels/hygiene.py, on --hygiene-device)")
+  p.add_argument("--hygiene-device", default="cpu", help="cpu | cuda: where --hygiene runs the references")
+  p.add_argument("--hygiene-max-gb", type=float, default=0.0,
+                 help="memory the hygiene checks may use per task, GiB (0 = 0.5 on the CPU, half the free GPU memory)")
   p.add_argument("--gate", choices=("reduced", "full", "none"), default="reduced",
                  help="task world: the degenerate gate at the reduced sizes (default), the real sizes, or not at all")
   a = p.parse_args(argv)
@@ -253,6 +282,8 @@ def main(argv=None) -> int:
         + (f" ({', '.join(f'{n} at {s}' for s, n in by_stage.items())})" if bad else "")
         + (f"; {unchecked} forward unchecked (no meta kernel, large inputs)" if unchecked else ""))
   status = 1 if bad else 0
+  if a.hygiene:
+    hygiene_summary([s for s, c in zip(specs, checks) if c.ok], a.hygiene_device, a.hygiene_max_gb)
   if a.config:
     counts, missing = split_report(specs, _load_config(a.config))
     if missing:

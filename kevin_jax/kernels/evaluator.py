@@ -77,6 +77,7 @@ class EvaluatorConfig:
   compile_memory_gb: float = 32.0
   spare_workers: bool = True
   dedupe: bool = True
+  task_memory_fraction: float = 0.8  # kernels/footprint.py: a task over this x free GPU memory is skipped.
   result_cache: int = 0  # Results kept for identical (task, candidate) pairs of later batches (LRU entries); 0 = off.
   feedback_max_chars: int = 2000
 
@@ -86,6 +87,8 @@ class EvaluatorConfig:
       raise ValueError(f"ref_timing must be 'interleaved' or 'cached', got {self.ref_timing!r}")
     if self.timing_graphs not in ("auto", "always", "never"):
       raise ValueError(f"timing_graphs must be auto | always | never, got {self.timing_graphs!r}")
+    if not 0.0 <= self.task_memory_fraction <= 1.0:
+      raise ValueError(f"task_memory_fraction must be in [0, 1] (0 = no budget), got {self.task_memory_fraction}")
     if self.result_cache < 0:
       raise ValueError(f"result_cache must be >= 0 (entries; 0 = off), got {self.result_cache}")
     if self.correctness_trials < 1:
@@ -113,6 +116,7 @@ class EvaluatorConfig:
   def worker_settings(self) -> dict:
     keys = ("correctness_trials", "timing_runs", "timing_max_s", "timing_min_runs", "warmup_runs", "atol", "rtol",
             "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
+            "task_memory_fraction",
             "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
             "max_local_memory_bytes", "max_static_device_bytes")
     return {k: getattr(self, k) for k in keys}
@@ -300,7 +304,7 @@ class Evaluator:
     payload = {"eval_id": w.eval_id, "task_id": w.task_id, "task_path": os.path.abspath(w.spec.path), "text": w.text,
                "cubin": w.static["cubin"], "unsafe_dists": sorted(self._unsafe.get(w.task_id, ())),
                "ref_time_ms": (statistics.median(cached) if cached and c.ref_timing == "cached" else None),
-               "budget_s": budget}
+               "budget_s": budget, "task_info": self._task_infos.get(w.task_id)}  # For the task's memory budget.
     timeouts = {"": c.run_timeout_s, "sent": c.task_timeout_s, "load": c.task_timeout_s}
     # The supervisor's backstop comes a little after the worker's own deadline, which answers with a clean result.
     self._gpu.submit(Job(key=w, payload=payload, timeouts=timeouts, affinity=w.task_id, budget=budget + 10.0,

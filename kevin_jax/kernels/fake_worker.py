@@ -5,7 +5,8 @@ It behaves like a GPU worker that evaluates instantly, except when the candidate
 hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, phases=<n> (enter a new
 phase every 0.5 s, n times: no phase stalls, the whole run is long), raise, alloc=<MiB> (grow host memory), fatal
 (report a sticky error), incorrect, oom (the GPU's allocator fails), oom_once (fails in the first worker that runs it:
-a flag file in the temporary directory remembers it).
+a flag file in the temporary directory remembers it), free=<MiB> (the GPU's free memory for the task's memory
+budget, kernels/footprint.py: over it, the worker answers the task-level skip as the GPU worker does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 import re
 import tempfile
 import time
+
+from kevin_jax.kernels import footprint
 
 
 class FakeHandler:
@@ -31,6 +34,12 @@ class FakeHandler:
     m = re.search(r"FAKE:(\w+)(?:=([\d.]+))?", text)
     action, arg = (m.group(1), m.group(2)) if m else ("", None)
     report("load")
+    if action == "free":
+      skip = footprint.too_large_result(payload["task_id"], payload.get("task_info"), int(float(arg) * 2**20),
+                                        float(self.settings.get("task_memory_fraction", 0.0)),
+                                        self.settings.get("timing_input_sets", 2))
+      if skip is not None:
+        return skip
     if action == "hang_reference" and "normal" not in payload.get("unsafe_dists", []):
       report("reference:normal")
       time.sleep(3600)

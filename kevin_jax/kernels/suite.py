@@ -272,7 +272,7 @@ GATE_MIN_WEIGHT_SENSITIVE = 0.01  # ... and at least this fraction between two w
 _CHUNK = 1 << 24
 
 
-def _close_fraction(a, b, atol: float, rtol: float) -> float:
+def close_fraction(a, b, atol: float, rtol: float) -> float:
   """Fraction of elements with |a - b| <= atol + rtol * |b| (allclose semantics, b = the reference), chunked."""
   import torch  # pylint: disable=g-import-not-at-top
   a, b = a.reshape(-1), b.reshape(-1)
@@ -286,7 +286,7 @@ def _close_fraction(a, b, atol: float, rtol: float) -> float:
   return hits / max(1, b.numel())
 
 
-def _wrapped_copy(x, like):
+def wrapped_copy(x, like):
   """What the identity candidate writes: x flattened, repeated to like.numel(), cast like static_cast."""
   flat = x.reshape(-1)
   reps = -(-like.numel() // flat.numel())
@@ -297,7 +297,7 @@ def _wrapped_copy(x, like):
 
 
 def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_other_weights=None, x=None,
-                     gpu_constant: float = 1.0, sample: int = 1 << 20) -> dict:
+                     gpu_constant: float = 1.0, sample: int = 1 << 20, fixed_constant: float | None = None) -> dict:
   """How well trivial candidates would match one reference output, and how much it varies.
 
   Args:
@@ -308,10 +308,13 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
     x: the first input tensor (what the identity candidate copies); None when the task has none.
     gpu_constant: the value the GPU gate's constant candidate writes.
     sample: elements sampled to choose the best constants (median, mean, mode).
+    fixed_constant: when given, the constant candidate writes this value only (e.g. the best constant of another
+      input draw: one kernel writes one constant on every trial).
   Returns:
     zeros / constant / identity: fraction of elements each trivial candidate matches (constant: the best of
-    median, mean, mode and gpu_constant); varying: fraction that changes between input draws; weight_sensitive:
-    fraction that changes between weight draws; problems: the gate's complaints ([] = not degenerate).
+    median, mean, mode and gpu_constant); constant_value: that constant; varying: fraction that changes between
+    input draws; weight_sensitive: fraction that changes between weight draws; problems: the gate's complaints
+    ([] = not degenerate).
   """
   import torch  # pylint: disable=g-import-not-at-top
   flat = y.reshape(-1)
@@ -319,20 +322,23 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
   idx = torch.randint(0, flat.numel(), (min(sample, flat.numel()),), generator=gen)
   s = flat[idx]
   consts = [float(gpu_constant)]
-  if y.is_floating_point():
+  if fixed_constant is not None:
+    consts = [float(fixed_constant)]
+  elif y.is_floating_point():
     consts += [float(s.median()), float(s.double().mean())]
   else:
     consts += [float(torch.mode(s).values)]
   zero = torch.zeros((), dtype=y.dtype)
-  st = {"zeros": _close_fraction(zero, y, atol, rtol),
-        "constant": max(_close_fraction(torch.tensor(c, dtype=torch.float64).to(y.dtype), y, atol, rtol)
-                        for c in consts),
-        "identity": _close_fraction(_wrapped_copy(x, y), y, atol, rtol) if x is not None else None,
+  matches = [close_fraction(torch.tensor(c, dtype=torch.float64).to(y.dtype), y, atol, rtol) for c in consts]
+  best = max(range(len(consts)), key=matches.__getitem__)
+  st = {"zeros": close_fraction(zero, y, atol, rtol),
+        "constant": matches[best], "constant_value": consts[best],
+        "identity": close_fraction(wrapped_copy(x, y), y, atol, rtol) if x is not None else None,
         "varying": None, "weight_sensitive": None}
   if y_other_inputs is not None:
-    st["varying"] = 1.0 - _close_fraction(y_other_inputs, y, atol, rtol)
+    st["varying"] = 1.0 - close_fraction(y_other_inputs, y, atol, rtol)
   if y_other_weights is not None:
-    st["weight_sensitive"] = 1.0 - _close_fraction(y_other_weights, y, atol, rtol)
+    st["weight_sensitive"] = 1.0 - close_fraction(y_other_weights, y, atol, rtol)
   problems = [f"an all-{k} candidate matches {st[k]:.2%} of the elements" for k in ("zeros", "constant", "identity")
               if st[k] is not None and st[k] > GATE_MAX_PASS]
   if st["varying"] is not None and st["varying"] < GATE_MIN_VARYING:
@@ -346,17 +352,19 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
 def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]:
   """The degenerate gate on one task module at its own sizes (CPU, real numbers): degeneracy_stats per output.
 
-  The reference runs on one input draw, on a second draw, and (when the model has floating parameters) with a
-  second weight draw; the first tensor input is what the identity candidate copies. A task's ATOL / RTOL override
-  the given tolerances. Returns one stats dict per output (`problems` lists the gate's complaints).
+  The reference runs in eval() mode (as the evaluator runs it) on one input draw, on a second draw, and (when the
+  model has floating parameters) with a second weight draw; the first tensor input is what the identity candidate
+  copies. A task's ATOL / RTOL override the given tolerances. Returns one stats dict per output (`problems` lists
+  the gate's complaints).
   """
   import torch  # pylint: disable=g-import-not-at-top
+  from kevin_jax.kernels.taskinfo import as_reference  # pylint: disable=g-import-not-at-top
   atol = float(getattr(module, "ATOL", atol))
   rtol = float(getattr(module, "RTOL", rtol))
   as_list = lambda out: list(out) if isinstance(out, (tuple, list)) else [out]
   with torch.no_grad():
     torch.manual_seed(1234)
-    model = module.Model(*module.get_init_inputs())
+    model = as_reference(module.Model(*module.get_init_inputs()))
     torch.manual_seed(1)
     xs = module.get_inputs()
     ys = as_list(model(*xs))
@@ -365,7 +373,7 @@ def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]
     ys_w = [None] * len(ys)
     if any(p.is_floating_point() for p in model.parameters()):
       torch.manual_seed(4321)
-      ys_w = as_list(module.Model(*module.get_init_inputs())(*xs))
+      ys_w = as_list(as_reference(module.Model(*module.get_init_inputs()))(*xs))
   first = next((x for x in xs if isinstance(x, torch.Tensor)), None)
   return [degeneracy_stats(y, atol=atol, rtol=rtol, y_other_inputs=yo, y_other_weights=yw, x=first)
           for y, yo, yw in zip(ys, ys_other, ys_w)]

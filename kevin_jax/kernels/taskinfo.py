@@ -1,7 +1,8 @@
 """What a plan may refer to in a task: input/output/parameter shapes and dtypes, constructor scalars, options.
 
 `analyze_task` builds a `TaskInfo` without a GPU by running the task on PyTorch's meta device (shapes only, no
-compute; falls back to a real CPU run when an op has no meta kernel). The GPU worker builds the same record from
+compute; falls back to a real CPU run when an op has no meta kernel); the model is in eval() mode, as everywhere the
+evaluator builds a reference. The GPU worker builds the same record from
 the live model (`from_live`). Both feed `TaskInfo.plan_env()`, the names `plan.bind_plan` resolves.
 
 Task-level options (module attributes of a task file, all optional):
@@ -85,6 +86,13 @@ class TaskInfo:
     lines += [f"param {n}: {p['dtype']}{list(p['shape'])}" for n, p in self.params.items()]
     lines += [f"init {n} = {v}" for n, v in self.init_args.items()]
     return "\n".join(lines)
+
+
+def as_reference(model):
+  """The model in the evaluator's reference mode, eval(): Dropout is the identity, BatchNorm uses its running
+  statistics, so the reference is a function of its inputs (kernels/README.md "The reference"). Every place that
+  builds a reference calls this."""
+  return model.eval()
 
 
 def dtype_name(dtype) -> str:
@@ -180,7 +188,7 @@ def analyze_task(spec: tasks.TaskSpec) -> TaskInfo:
     try:
       with torch.device(device), torch.no_grad():
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
+        model = as_reference(module.Model(*module.get_init_inputs()))
         inputs = list(module.get_inputs())
         outputs = model(*inputs)
       return describe_live(spec.id, module, model, inputs, outputs)

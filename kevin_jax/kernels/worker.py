@@ -1,7 +1,9 @@
 """The GPU worker: one process per GPU slot, driven by the supervisor (worker_main.py) through a pipe.
 
-Per evaluation: load the task (cached: the reference Model built once with a fixed seed, TF32 off unless the
-task sets ALLOW_TF32; its weights' keyed hash taken), start the evaluation's wall budget, re-validate the plan
+Per evaluation: skip the task when one evaluation would not fit the GPU (footprint.py, `task_memory_fraction`:
+a task-level result), load the task (cached: the reference Model built once with a fixed seed, in eval() mode as
+everywhere the evaluator builds a reference (kernels/README.md "The reference"), TF32 off unless the task sets
+ALLOW_TF32; its weights' keyed hash taken), start the evaluation's wall budget, re-validate the plan
 against the live shapes and the real device limits and the cubin against the signatures (static.check_cubin),
 load the cubin as a fresh module, then
 
@@ -31,13 +33,13 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
-from kevin_jax.kernels import closeness, static, tasks, timing
+from kevin_jax.kernels import closeness, footprint, static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
 from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
 from kevin_jax.kernels.plan import BoundPlan, Limits
 from kevin_jax.kernels.runner import CandidateError, KernelModule, classify, wait
-from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, describe_live, task_options
+from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, as_reference, describe_live, task_options
 
 MODEL_SEED = 0
 MAX_CACHED_TASKS = 8
@@ -152,7 +154,7 @@ class GpuWorker:
       except RuntimeError:
         torch.manual_seed(MODEL_SEED)
         model = module.Model(*init)
-      model = model.to(self.device)
+      model = as_reference(model.to(self.device))
       x = I.draw(module, "task", MODEL_SEED, self.device)
       draw_ms = float("inf")
       for k in range(1, 4):  # The fastest of three: one draw preempted by a busy host does not decide it.
@@ -185,6 +187,10 @@ class GpuWorker:
     state = None
     try:
       report("load")
+      too_large = self._over_budget(job)
+      if too_large is not None:
+        res.update(too_large)
+        return res
       state = self.task(job["task_id"], job["task_path"])
       times["load"] = time.perf_counter() - t0
       self.budget_end = time.monotonic() + float(job["budget_s"])  # The task load is not the candidate's time.
@@ -229,6 +235,23 @@ class GpuWorker:
         self._after(state, res)
     times["gpu_total"] = time.perf_counter() - t0
     return res
+
+  def _over_budget(self, job: dict) -> dict | None:
+    """The task-level skip when one evaluation would not fit task_memory_fraction x the free GPU memory.
+
+    Free memory counts what this process's allocator caches but does not use, and a loaded task's own
+    parameters (already resident, and part of the footprint); shapes come from the static stage's TaskInfo.
+    """
+    fraction = float(self.s.get("task_memory_fraction", 0.0))
+    key = (job["task_id"], job["task_path"])
+    loaded = self.tasks.get(key)
+    info = loaded.info if loaded is not None else job.get("task_info")
+    if fraction <= 0 or info is None:
+      return None
+    free = torch.cuda.mem_get_info(self.device)[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    if loaded is not None:
+      free += sum(p.numel() * p.element_size() for p in loaded.params.values())
+    return footprint.too_large_result(job["task_id"], info, free, fraction, self.s["timing_input_sets"])
 
   def wait_for(self, what: str, deadline_s: float, event=None) -> None:
     """Waits for the stream (or for `event` on it); running past deadline_s is a hang, past the budget a deadline."""

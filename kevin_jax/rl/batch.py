@@ -2,7 +2,9 @@
 
 Every turn is one training sample: its prompt (task, earlier kernels, summaries, feedback) is context only, its
 response tokens are trained with the turn's advantage. Returns are discounted over a trajectory's later turns
-and advantages normalised over all m*n turn-samples of the same task.
+and advantages normalised over all m*n turn-samples of the same task. Turns whose result is a task-level problem
+(rollout.task_level: an evaluator error, a task too large for the GPU) are left out: they add nothing to earlier
+turns' returns, enter no group's mean or std, get advantage 0, and `trainable` drops them from the batch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 
 from kevin_jax.rl import grpo
 from kevin_jax.rl.learner import TrainBatch, pad_batch
-from kevin_jax.rl.rollout import Turn, matrix_index, to_matrix
+from kevin_jax.rl.rollout import Turn, matrix_index, task_level, to_matrix
 
 
 def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -23,14 +25,15 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig, seed: int = 0) 
   `cfg.adv_std_normalize`/`cfg.adv_baseline` over every turn-sample of the task (per task and turn with
   `adv_baseline='trloo'`: grpo.advantage_groups), then `cfg.negative_scale`.
   With `cfg.shuffle_advantages` (a null control) the advantages are then permuted across all turns (`seed`).
+  Task-level turns (module docstring) get return 0 and advantage 0 and change no other turn's values.
   """
   rows, cols, shape = matrix_index(turns)
   scores_NxT = to_matrix(turns, lambda t: t.score)
-  returns_NxT = np.asarray(grpo.discounted_returns(scores_NxT, cfg.gamma, cfg.return_mode))
+  valid_NxT = np.zeros(shape, bool)
+  valid_NxT[rows, cols] = [not task_level(t.result) for t in turns]
+  returns_NxT = np.asarray(grpo.discounted_returns(scores_NxT, cfg.gamma, cfg.return_mode, valid_NxT=valid_NxT))
   task_index = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in turns))}
-  present_NxT = np.zeros(shape, bool)
-  present_NxT[rows, cols] = True
-  groups_NxT, num_groups = grpo.advantage_groups(to_matrix(turns, lambda t: task_index[t.task_id]), present_NxT,
+  groups_NxT, num_groups = grpo.advantage_groups(to_matrix(turns, lambda t: task_index[t.task_id]), valid_NxT,
                                                  len(task_index), per_turn=cfg.adv_baseline == "trloo")
   baseline = "leave_one_out" if cfg.adv_baseline == "trloo" else cfg.adv_baseline
   adv_NxT = np.asarray(grpo.group_advantages(returns_NxT, groups_NxT, std_normalize=cfg.adv_std_normalize,
@@ -38,8 +41,15 @@ def turn_advantages(turns: Sequence[Turn], cfg: grpo.GRPOConfig, seed: int = 0) 
   adv_NxT = np.asarray(grpo.scale_negatives(adv_NxT, cfg.negative_scale))
   advantages = adv_NxT[rows, cols].astype(np.float32)
   if cfg.shuffle_advantages:
-    advantages = np.random.default_rng(seed).permutation(advantages)
+    trained = valid_NxT[rows, cols]
+    advantages[trained] = np.random.default_rng(seed).permutation(advantages[trained])
   return returns_NxT[rows, cols].astype(np.float32), advantages
+
+
+def trainable(turns: Sequence[Turn], advantages: np.ndarray) -> tuple[list[Turn], np.ndarray]:
+  """The turns (and their advantages) that go into the learner's batch: every turn that is not task-level."""
+  keep = [k for k, t in enumerate(turns) if not task_level(t.result)]
+  return [turns[k] for k in keep], np.asarray(advantages, np.float32)[keep]
 
 
 def seq_bucket(length: int, minimum: int = 256) -> int:

@@ -80,6 +80,16 @@ class RolloutTimes:
   evaluations: int = 0
 
 
+# Result flags (kernels/result.py) that mark a task-level problem, not the policy's: the evaluator or the task failed,
+# or the task does not fit the GPU. Such turns never enter a return or an advantage (rl/batch.py).
+TASK_LEVEL_FLAGS = ("evaluator_error", "task_too_large")
+
+
+def task_level(result: dict) -> bool:
+  """True when a turn's result is a task-level problem (TASK_LEVEL_FLAGS), not a verdict on the kernel."""
+  return any(f in TASK_LEVEL_FLAGS for f in result.get("flags", ()))
+
+
 def format_error_result(message: str) -> dict:
   return {"status": "format_error", "score": 0.0, "speedup": 0.0, "feedback": f"Format error: {message}"}
 

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from kevin_jax.rl import kernel_metrics as km
-from kevin_jax.rl.rollout import RolloutTimes, Turn, to_matrix
+from kevin_jax.rl.rollout import RolloutTimes, Turn, task_level, to_matrix
 
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
 
@@ -29,6 +29,8 @@ def rollout_metrics(turns: Sequence[Turn], times: RolloutTimes, returns: np.ndar
   statuses = [str(t.result.get("status")) for t in turns]
   for s in STATUSES:
     out[f"feedback/{s}"] = statuses.count(s) / len(turns)
+  # Evaluator errors and tasks too large for the GPU: left out of returns, advantages and the batch (rl/batch.py).
+  out["rl/task_level_turns"] = float(sum(task_level(t.result) for t in turns))
   lengths = [len(t.response_ids) for t in turns]
   out["response/len_mean"] = float(np.mean(lengths))
   out["response/len_max"] = float(np.max(lengths))

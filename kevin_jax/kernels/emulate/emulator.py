@@ -188,7 +188,7 @@ def load_module(path: str | None = None, source: str | None = None, overrides: d
 def run(mod, text: str, seed: int = 0, dist=None) -> tuple[str, str]:
   """Emulates one candidate on a (reduced) task module; returns (status, message)."""
   torch.manual_seed(seed)
-  model = mod.Model(*mod.get_init_inputs())
+  model = taskinfo.as_reference(mod.Model(*mod.get_init_inputs()))
   torch.manual_seed(seed + 1000)
   inputs = list(mod.get_inputs())
   if dist is not None:
