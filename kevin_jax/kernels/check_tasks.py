@@ -12,7 +12,7 @@ on the CPU (`--gate full` at the real sizes: minutes per family); per-task lines
 
 Each task goes through the stages a training run needs, and the first failing stage is reported:
   import       the file executes and defines Model, get_inputs, get_init_inputs (KernelBench format)
-  init         get_init_inputs() and Model(*init) in eval() mode on the meta device (no memory, no compute)
+  init         get_init_inputs() and Model(*init) in the reference mode (dropout off) on the meta device (no memory, no compute)
   inputs       get_inputs() on the meta device
   forward      Model.forward on the meta device
   outputs      the outputs are tensors (what the evaluator compares)

@@ -2,14 +2,14 @@
 
   python -m kevin_jax.kernels.hygiene --source ~/KernelBench/KernelBench --levels 1,2,3 --device cuda --out DIR
 
-Checks (the reference is built as the evaluator builds it: `Model(*get_init_inputs())` in eval() mode):
+Checks (the reference is built as the evaluator builds it: `Model(*get_init_inputs())` in the reference mode, taskinfo.as_reference: as built, dropout off):
   excluded  a trivial kernel is "correct": every output is all zeros, one constant, or a (wrapped or broadcast)
             copy of an input or parameter within the task's atol/rtol, on every input distribution the evaluator
             draws for the task (the suite's degenerate gate, kernels/suite.py, per distribution);
-            non-deterministic: two calls on the same inputs differ beyond tolerance even in eval() mode;
+            non-deterministic: two calls on the same inputs differ beyond tolerance even with dropout off;
             the task does not import or its reference fails.
   flagged   outputs that barely change between input or weight draws (the suite gate's other complaints);
-            modules whose output depends on train/eval mode (Dropout, BatchNorm: evaluated in eval() mode);
+            Dropout modules (switched off: the reference runs them as the identity);
             a reference that is not finite on some distribution; a task too large to run here (not checked).
 The memory footprint (kernels/footprint.py, from meta-device shapes) is reported for every task. A task too large
 for the check's memory limit runs at a reduced `batch_size` when its module has one (KernelBench's convention;
@@ -38,7 +38,7 @@ DEFAULT_DISTRIBUTIONS = ("task", "normal", "uniform", "heavy", "shifted")  # con
 CPU_MAX_BYTES = 2**29  # 512 MiB: the checks' estimated peak on the CPU (hygiene_bytes).
 MODEL_SEED, OTHER_WEIGHTS_SEED = 0, 4321  # MODEL_SEED as kernels/worker.py.
 MAX_COPY_SOURCES = 64  # Inputs, then parameters and buffers, tried as the source of a copy.
-MODE_DEPENDENT = ("Dropout", "BatchNorm")  # Module class names whose output depends on train/eval mode.
+MODE_DEPENDENT = ("Dropout",)  # Module class names the reference mode switches off (taskinfo.as_reference).
 
 
 @dataclasses.dataclass
@@ -217,8 +217,8 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
     mode_dep = sorted({type(sub).__name__ for sub in model.modules()
                        if any(k in type(sub).__name__ for k in MODE_DEPENDENT)})
     if mode_dep:
-      flagged.append(f"{', '.join(mode_dep)}: output depends on train/eval mode; the reference is evaluated in "
-                     f"eval() mode (Dropout is the identity, BatchNorm uses its running statistics)")
+      flagged.append(f"{', '.join(mode_dep)}: random in training mode; the reference runs it as the identity (dropout off), "
+                     f"so a kernel must not apply dropout")
     xs = I.draw(module, "task", 1, torch.device(device))
     ys = _outs(model(*_clone(xs)))
     if m is None:  # The footprint from the live run (at the task's own sizes: nothing was reduced).
@@ -230,7 +230,7 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
     ys_again = _outs(model(*_clone(xs)))
     for k, (a, b) in enumerate(zip(ys, ys_again)):
       if not _all_close(a, b, atol, rtol):
-        excluded.append(f"out{k}: non-deterministic in eval() mode (two calls on the same inputs differ beyond "
+        excluded.append(f"out{k}: non-deterministic with dropout off (two calls on the same inputs differ beyond "
                         f"atol={atol:g}, rtol={rtol:g})")
     del ys_again
     ys_other = _outs(model(*I.draw(module, "task", 2, torch.device(device))))

@@ -352,7 +352,7 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
 def gate_module(module, *, atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]:
   """The degenerate gate on one task module at its own sizes (CPU, real numbers): degeneracy_stats per output.
 
-  The reference runs in eval() mode (as the evaluator runs it) on one input draw, on a second draw, and (when the
+  The reference runs in the reference mode (taskinfo.as_reference, as the evaluator runs it) on one input draw, on a second draw, and (when the
   model has floating parameters) with a second weight draw; the first tensor input is what the identity candidate
   copies. A task's ATOL / RTOL override the given tolerances. Returns one stats dict per output (`problems` lists
   the gate's complaints).

@@ -1,9 +1,9 @@
 """What a plan may refer to in a task: input/output/parameter shapes and dtypes, constructor scalars, options.
 
 `analyze_task` builds a `TaskInfo` without a GPU by running the task on PyTorch's meta device (shapes only, no
-compute; falls back to a real CPU run when an op has no meta kernel); the model is in eval() mode, as everywhere the
-evaluator builds a reference. The GPU worker builds the same record from
-the live model (`from_live`). Both feed `TaskInfo.plan_env()`, the names `plan.bind_plan` resolves.
+compute; falls back to a real CPU run when an op has no meta kernel); the model is in the reference mode
+(`as_reference`), as everywhere the evaluator builds a reference. The GPU worker builds the same record from the live
+model (`from_live`). Both feed `TaskInfo.plan_env()`, the names `plan.bind_plan` resolves.
 
 Task-level options (module attributes of a task file, all optional):
   ALLOW_TF32 = True            the reference may use TF32 (default: IEEE fp32 for matmul and convolution)
@@ -89,10 +89,16 @@ class TaskInfo:
 
 
 def as_reference(model):
-  """The model in the evaluator's reference mode, eval(): Dropout is the identity, BatchNorm uses its running
-  statistics, so the reference is a function of its inputs (kernels/README.md "The reference"). Every place that
-  builds a reference calls this."""
-  return model.eval()
+  """The model in the evaluator's reference mode: as built (training mode, as KernelBench's harness runs it, so
+  BatchNorm normalises with the batch's statistics), except that Dropout modules and the dropout inside
+  MultiheadAttention are switched off (eval()), so the reference is a function of its inputs and the same on every
+  call (kernels/README.md "The reference"). Every place that builds a reference calls this."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  for sub in model.modules():
+    if isinstance(sub, (torch.nn.modules.dropout._DropoutNd, torch.nn.MultiheadAttention)):  # pylint: disable=protected-access
+      sub.eval()
+  return model
 
 
 def dtype_name(dtype) -> str:

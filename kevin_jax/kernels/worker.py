@@ -1,8 +1,8 @@
 """The GPU worker: one process per GPU slot, driven by the supervisor (worker_main.py) through a pipe.
 
 Per evaluation: skip the task when one evaluation would not fit the GPU (footprint.py, `task_memory_fraction`:
-a task-level result), load the task (cached: the reference Model built once with a fixed seed, in eval() mode as
-everywhere the evaluator builds a reference (kernels/README.md "The reference"), TF32 off unless the task sets
+a task-level result), load the task (cached: the reference Model built once with a fixed seed, in the reference
+mode (dropout off) as everywhere the evaluator builds a reference (kernels/README.md "The reference"), TF32 off unless the task sets
 ALLOW_TF32; its weights' keyed hash taken), start the evaluation's wall budget, re-validate the plan
 against the live shapes and the real device limits and the cubin against the signatures (static.check_cubin),
 load the cubin as a fresh module, then
