@@ -14,7 +14,6 @@ from flax import nnx
 from kevin_jax.policy.config import get_preset
 from kevin_jax.policy.model import Qwen2
 from kevin_jax.rl import memcheck
-from kevin_jax.rl.layer_scan import scanned_hidden
 from tests.test_learner import TINY, init_params_host, make_batch, make_learner, rel_err
 
 DEEP = get_preset("tiny", param_dtype="float32", compute_dtype="float32", num_layers=4)
@@ -63,7 +62,7 @@ def test_layer_scan_matches_model_hidden():
 
   def loss(p, scan):
     m = nnx.merge(graphdef, p)
-    h = scanned_hidden(m, tok, pos, mask) if scan else m.hidden(tok, pos, mask)
+    h = m.hidden(tok, pos, mask, scan=scan)[0]
     return jnp.sum(jnp.sin(h) * mask[..., None]), h
 
   vg = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)

@@ -52,7 +52,7 @@ def test_cudnn_attention_matches_xla_bf16():
     r = jnp.asarray(np.random.RandomState(1).randn(b, t, cfg.hidden_size), jnp.float32)
 
     def loss(m):
-      h = m.hidden(tokens, positions, mask)
+      h = m.hidden(tokens, positions, mask)[0]
       return jnp.sum(jnp.where(mask[..., None], h.astype(jnp.float32) * r, 0.0)) / 1e3, h
 
     (l_x, h_x), g_x = nnx.value_and_grad(loss, has_aux=True)(xla)

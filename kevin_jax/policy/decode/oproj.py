@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy import decode_tiles
-from kevin_jax.policy.decode_tiles import pick_block
+from kevin_jax.policy.decode import tiles as decode_tiles
+from kevin_jax.policy.decode.tiles import pick_block
 
 Array = jax.Array
 BLOCK_N = 16  # Output columns per program at most: D = 896 gives 56 programs (the GEMM reads 1.6 MB).

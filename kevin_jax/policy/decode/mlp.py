@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy import decode_tiles
-from kevin_jax.policy.decode_tiles import pick_block
+from kevin_jax.policy.decode import tiles as decode_tiles
+from kevin_jax.policy.decode.tiles import pick_block
 
 Array = jax.Array
 BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs; faster than 32 columns (152
@@ -67,11 +67,7 @@ def front_stages(block_m: int, block_d: int, block_n: int, itemsize: int) -> int
   """swiglu_front's default pipeline stages on this process' first device: FRONT_STAGES where their buffers fit a
   block's shared memory (compute capability >= 9.0: SM90_SHARED_MEMORY), else 3. Triton keeps stages - 1 buffers
   of the x slice and both weight slices."""
-  cap = getattr(jax.devices()[0], "compute_capability", None)
-  try:
-    hopper = cap is not None and float(cap) >= 9.0
-  except ValueError:
-    hopper = False
+  hopper = decode_tiles.compute_capability() >= 9.0
   need = (FRONT_STAGES - 1) * (block_m * block_d + 2 * block_d * block_n) * itemsize
   return FRONT_STAGES if hopper and need <= SM90_SHARED_MEMORY else 3
 
@@ -125,7 +121,6 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
 # program (i, j, s) sums F slice s of the product into an fp32 partial [block_m, block_n]; XLA then adds the
 # `splits` partials (a small reduction that it fuses with the residual add after the MLP). Summing them in this
 # kernel instead, by each output block's last split to finish, is slower (BENCHMARKS.md Sampler).
-SM_COUNT = 132  # SMs of an H100 / H200: pick_splits' split count aims at >= this many programs.
 AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
                         # this: at 64 rows it beats XLA's einsum at D = 896 (0.5B), not at D = 1,536 (1.5B;
                         # BENCHMARKS.md Sampler).
@@ -137,15 +132,15 @@ DOWN_STAGES = 5  # pipeline stages: at the 0.5B shape, B = 64, pick_splits' 19 s
                  # (experiments/sampler_kernels). Not measured at other shapes.
 
 
-def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int) -> int:
-  """down_proj's split count: None -> DOWN_SPLITS where it divides F's block_k chunks, else pick_splits; 0 ->
-  pick_splits; any other value as given."""
+def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int, sm_count: int | None = None) -> int:
+  """down_proj's split count: None -> DOWN_SPLITS where it divides F's block_k chunks, else pick_splits for
+  sm_count SMs (default: this process' first device's); 0 -> that pick_splits; any other value as given."""
   if splits is None:
     splits = DOWN_SPLITS if (f // block_k) % DOWN_SPLITS == 0 else 0
-  return splits or pick_splits(f, n_blocks, block_k)
+  return splits or pick_splits(f, n_blocks, block_k, sm_count or decode_tiles.sm_count())
 
 
-def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUNT) -> int:
+def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int) -> int:
   """The fewest F splits, each a multiple of block_k, giving n_blocks * splits >= min_programs (else the most)."""
   chunks = f // block_k
   divisors = [s for s in range(1, chunks + 1) if chunks % s == 0]
@@ -174,7 +169,7 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None,
                   block_k: int = 64, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
                   interpret: bool = False) -> Array:
   """down_proj's fp32 partials before XLA's sum: [splits, R, D], R >= B the rows padded to the kernel's row tiles
-  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
+  (rows past B hold zeros' products)."""
   b, f = h_BxF.shape
   d = w_down_FxD.shape[1]
   if w_down_FxD.shape[0] != f:

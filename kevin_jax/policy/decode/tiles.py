@@ -1,5 +1,5 @@
-"""Pieces shared by the decode step's Pallas GEMM kernels (decode_mlp, decode_qkv, decode_oproj): block sizes and
-the loops over the reduction dimension, with fp32 accumulators.
+"""Pieces shared by the decode step's Pallas kernels (mlp, qkv, oproj, attention): block sizes, the loops over the
+reduction dimension with fp32 accumulators, and the device's SM count.
 
 Inside a kernel, a "loader" is a function of a reduction slice `ks` (a pl.ds) that loads the weight block
 [ks, columns] of one output block.
@@ -12,6 +12,23 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
+NOMINAL_SM_COUNT = 132  # an H100's / H200's SMs: the split counts of devices that report none (the CPU: interpret)
+
+
+def sm_count(device: jax.Device | None = None) -> int:
+  """The streaming multiprocessors of `device` (default: this process' first device); NOMINAL_SM_COUNT where the
+  device reports none."""
+  device = device or jax.devices()[0]
+  return int(getattr(device, "core_count", 0) or NOMINAL_SM_COUNT)
+
+
+def compute_capability(device: jax.Device | None = None) -> float:
+  """The device's CUDA compute capability (e.g. 9.0), or 0.0 where it reports none."""
+  cap = getattr(device or jax.devices()[0], "compute_capability", None)
+  try:
+    return float(cap) if cap is not None else 0.0
+  except ValueError:
+    return 0.0
 
 
 def pick_block(size: int, block: int) -> int:
