@@ -1,7 +1,7 @@
 """Decode attention (one query token per row) over the sampler's [B, K, S, H] KV cache, as a Pallas kernel.
 
 The sampler's cache holds, per row b, the right-padded prompt in slots [0, P) (real tokens in [0, prompt_len[b]))
-and the generated tokens in slots [P, P + i) after i decode steps. The XLA path (model._decode_attend) reads all
+and the generated tokens in slots [P, P + i) after i decode steps. The XLA path (model.decode_attend) reads all
 S slots of every row at every step and masks the invisible ones; this kernel reads only the blocks that hold
 visible slots - [0, prompt_len[b]) and [P, P + i) - so a step costs the bytes of the tokens actually attended
 (the decode roofline's denominator), and it keeps the G query heads of a KV head together, so each K/V block is

@@ -7,17 +7,17 @@ fp32 accumulators in registers, and writes silu(gate) * up once, in the input's 
 [D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
 matmul tiles); D and F must be multiples of 16 (`supported`). x comes normed (XLA's post-attention RMSNorm), or raw
 with the norm's scale folded into the weights and each row's 1/rms given (`inv_rms_B`) or computed here
-(`rms_eps`): ModelConfig.decode_norm. Multiplying the x slices by the scale inside the kernel doubled its time
+(`rms_eps`): DecodeConfig.norm. Multiplying the x slices by the scale inside the kernel doubled its time
 (decode_tiles.dot_pair).
 
 Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
-ModelConfig.decode_mlp='auto' uses the kernel on a GPU up to AUTO_MAX_ROWS rows (+4.5 % decode tokens/s at the
+DecodeConfig.mlp='auto' uses the kernel on a GPU up to AUTO_MAX_ROWS rows (+4.5 % decode tokens/s at the
 0.5B shape, B = 64; experiments/sampler_kernels).
 
-`down_proj`, the MLP's down projection split along F: ModelConfig.decode_down='auto' (the default) uses it on a GPU
+`down_proj`, the MLP's down projection split along F: DecodeConfig.down='auto' (the default) uses it on a GPU
 up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D (+5.1 % decode tokens/s at the 0.5B shape, B = 64;
 experiments/sampler_kernels). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
 """
@@ -44,7 +44,7 @@ FRONT_STAGES = 4  # Pipeline stages of the front on compute capability >= 9.0 wh
                   # 3 x 48 KB of bf16 x and weight slices at 64 x 128 do; fp32's 288 KB do not), else 3. 4 against
                   # 3: +0.6 % decode tokens/s at the 0.5B shape, B = 64 (experiments/sampler_kernels).
 SM90_SHARED_MEMORY = 232448  # bytes of shared memory a block may use on an H100 / H200 (Triton's "available" figure)
-AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: faster at 64 rows; at 256 each
+AUTO_MAX_ROWS = 64  # DecodeConfig.mlp='auto' uses the kernel up to this batch: faster at 64 rows; at 256 each
                     # 64-row block re-reads the weights and the kernel is slower than XLA's (BENCHMARKS.md Sampler).
 
 
@@ -81,7 +81,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
   With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
-  (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
+  (step.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
   computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU. num_stages None:
   front_stages()."""
   b, d = x_BxD.shape
@@ -115,13 +115,13 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   return out[:b]
 
 
-# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (ModelConfig.decode_down). ---
+# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (DecodeConfig.down). ---
 # At 64 rows its output is only [64, D] (D = 896 at 0.5B): with whole-F columns per program there are D / block_n
 # programs, far fewer than the GPU's 132 SMs, and XLA's GEMM reads W_down well below the copy bandwidth. Here
 # program (i, j, s) sums F slice s of the product into an fp32 partial [block_m, block_n]; XLA then adds the
 # `splits` partials (a small reduction that it fuses with the residual add after the MLP). Summing them in this
 # kernel instead, by each output block's last split to finish, is slower (BENCHMARKS.md Sampler).
-AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
+AUTO_DOWN_MAX_D = 1024  # DecodeConfig.down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
                         # this: at 64 rows it beats XLA's einsum at D = 896 (0.5B), not at D = 1,536 (1.5B;
                         # BENCHMARKS.md Sampler).
 

@@ -62,7 +62,7 @@ def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
 
 
 def check_norm_args(rows: int, inv_rms_B: jax.Array | None, rms_eps: float | None) -> bool:
-  """A decode kernel's RMSNorm arguments (ModelConfig.decode_norm): each row's fp32 1/rms [rows], or the eps for
+  """A decode kernel's RMSNorm arguments (DecodeConfig.norm): each row's fp32 1/rms [rows], or the eps for
   the kernel to compute it, or neither (x comes normed). Returns whether inv_rms_B is given (a kernel input)."""
   if inv_rms_B is None:
     return False
@@ -75,7 +75,7 @@ def check_norm_args(rows: int, inv_rms_B: jax.Array | None, rms_eps: float | Non
 
 def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None, rms_eps: float | None = None):
   """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices. With inv_rms_ref
-  (fp32 [M]) or rms_eps, x is a raw residual whose RMSNorm scale the caller folded into W1 and W2 (RMSNorm.fold):
+  (fp32 [M]) or rms_eps, x is a raw residual whose RMSNorm scale the caller folded into W1 and W2 (step.fold):
   both products are multiplied by each row's 1/rms, read from the ref or computed here as rsqrt(mean(x^2) +
   rms_eps) from the rows' sums of squares.
 
