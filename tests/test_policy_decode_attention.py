@@ -1,5 +1,6 @@
-"""The Pallas decode-attention kernel (policy/decode_attention.py) against the masked einsum, in interpret mode on
-the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches, and the sampler end to end."""
+"""The Pallas decode-attention kernel (policy/decode/attention.py) against the masked einsum, in interpret mode on
+the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches (the sampler end to end with it:
+tests/test_policy_decode_step.py)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The decode MLP kernels (policy/decode_mlp.py: the fused SwiGLU front, the split down projection) against the jnp
+"""The decode MLP kernels (policy/decode/mlp.py: the fused SwiGLU front, the split down projection) against the jnp
 expression: in interpret mode on the CPU, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
 
 import jax

@@ -1,8 +1,9 @@
 """DecodeConfig.norm 'fold' and 'inside': the decode step's RMSNorms applied inside the q/k/v and SwiGLU
-kernels as 1/rms on their products, the norm's scale folded into their weights (decode/step.py: fold). 1/rms comes from
-XLA ('fold': step.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside': `rms_eps`). Against the
-normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the CPU), the sampler end to end,
-and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+kernels as 1/rms on their products, the norm's scale folded into a copy of their weights (decode/step.py:
+fold). 1/rms comes from XLA ('fold': step.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside':
+`rms_eps`). Against the normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the CPU),
+and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu); the sampler end to end with them:
+tests/test_policy_decode_step.py."""
 
 import functools
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kevin_jax.policy import Qwen2, get_preset
+from kevin_jax.policy import get_preset
 from kevin_jax.policy.decode.mlp import swiglu_front
 from kevin_jax.policy.decode.qkv import qkv_rope_cache
 from kevin_jax.policy.decode import step as step_lib

@@ -1,6 +1,6 @@
-"""The decode step's output projection with the residual add (policy/decode_oproj.py, ModelConfig.decode_out) against
+"""The decode step's output projection with the residual add (policy/decode/oproj.py, DecodeConfig.out) against
 a float64 reference: in interpret mode on the CPU, lowered to Triton IR for the GPU on the CPU, compiled by Triton
-on the GPU (marker gpu); and the sampler end to end with it, alone and with every decode kernel at once."""
+on the GPU (marker gpu). The sampler end to end with it: tests/test_policy_decode_step.py."""
 
 import functools
 

@@ -1,4 +1,4 @@
-"""The decode step's fused q/k/v kernel (policy/decode_qkv.py: input RMSNorm, projection, biases, RoPE, cache
+"""The decode step's fused q/k/v kernel (policy/decode/qkv.py: input RMSNorm, projection, biases, RoPE, cache
 write, q padded for decode_attention) against a float64 NumPy reference: in interpret mode on the CPU, lowered to
 Triton IR for the GPU (on the CPU, no GPU needed), and compiled by Triton on the GPU (marker gpu;
 JAX_PLATFORMS=cuda,cpu)."""
