@@ -99,6 +99,7 @@ def _check(name, kernel):
     sampler = Sampler(CFG, None, SamplerConfig(batch_size=B, prompt_buckets=(P,), kv_cache_dtype="float32",
                                                decode=decode))
     outs[label] = sampler.generate(model, prompts, seed=0, max_new_tokens=NEW, temperature=0.0, eos_ids=[])
+    assert sampler.last_stats["decode_plan"] == (plan if label == "plan" else ref_plan)  # the plan it ran
   assert outs["plan"].tokens == outs["ref"].tokens
   for a, b in zip(outs["plan"].logprobs, outs["ref"].logprobs):
     np.testing.assert_allclose(a, b, atol=1e-4)

@@ -14,13 +14,13 @@ finished or `max_new_tokens` tokens exist. The prefill is the reference model's 
 policy/decode's fused step, built from the DecodePlan that `SamplerConfig.decode` resolves to for the key (on a
 GPU, Pallas kernels: attention that reads only each row's prompt and generated slots, the projections with their
 norms; logged once per key). Both are compiled once per key (batch, prompt bucket, max_new_tokens, top_k, greedy / top-p on-off, number of stop
-sequences, cache dtype): calls with the same key reuse them, whatever the prompts, seed, temperature, top_p value or
+sequences, cache dtype, DecodeConfig): calls with the same key reuse them, whatever the prompts, seed, temperature, top_p value or
 weights. The parameters are jit ARGUMENTS (never baked-in constants), so the RL loop can update them between calls
 without recompiling, and they may be sharded on a mesh (jit follows their shardings; pass `mesh` + `batch_axes` to
 also shard the batch). A chunk with fewer prompts than `batch_size` is padded with inactive rows (a call with fewer
 prompts than `batch_size` in total uses the next power of two instead, to save compute). `Sampler.warmup` compiles a
 key ahead of time.
-`Sampler.last_stats` holds the last call's decode steps and prefill / decode wall times.
+`Sampler.last_stats` holds the last call's decode steps, prefill / decode wall times and (last chunk's) DecodePlan.
 
 Sampling. temperature == 0 is greedy (argmax of the raw logits). Otherwise logits / temperature, then top-k
 (k > 0 keeps the k largest), then top-p (smallest set of largest-probability tokens whose mass reaches top_p;
@@ -436,7 +436,9 @@ class Sampler:
         outs.append((res["tokens"][r, :n].tolist(), res["logprobs"][r, :n], res["sampling_logprobs"][r, :n],
                      _FINISH[int(res["reason"][r])]))
     # decode_steps: loop iterations (each one forward of `batch` rows); times include compilation on a first call.
-    self.last_stats = {"decode_steps": steps, "batch": batch, "prefill_s": prefill_s, "decode_s": decode_s}
+    self.last_stats = {"decode_steps": steps, "batch": batch, "prefill_s": prefill_s, "decode_s": decode_s,
+                       "decode_plan": decode_plan(c.decode, self.model_cfg, batch, bucket + _gen_slots(max_new),
+                                                  bucket)}
     return self._finalize(prompts, outs, stop_strings, set(int(i) for i in eos_ids))
 
   def _finalize(self, prompts, outs, stop_strings, eos_set) -> SamplerOutput:
