@@ -3,7 +3,7 @@ variants side by side.
 
   python experiments/bench_sampler.py --out runs/bench_sampler                       # the whole table
   python experiments/bench_sampler.py --models 0.5b --batches 64 --no-hf --rounds 2 \
-      --variant new: --variant 'fused:--decode-fusion 1' --variant 'base:--tree /tmp/base' --out runs/ab
+      --variant new: --variant 'xla_norms:--decode-norm xla' --variant 'base:--tree /tmp/base' --out runs/ab
 
 For each model shape (random weights, bf16: Qwen2.5-0.5B and -1.5B) and batch size (64, 256), with prompts of
 1,024 random tokens and 1,024 new tokens (temperature 0.9, no top-k/top-p, EOS disabled so every row decodes
