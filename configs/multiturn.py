@@ -43,20 +43,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.policy.compute_dtype = "bfloat16"  # Matmul/activation dtype; norms, softmax and logits stay fp32.
   c.policy.remat = "none"  # Per-layer rematerialisation: none | full | dots (save matmul outputs only).
   c.policy.attention_impl = "auto"  # Multi-token attention: auto (cudnn on a GPU in bf16, else xla) | xla | cudnn.
-  c.policy.decode_attention = "auto"  # Decode attention: auto (Pallas kernel on a GPU, else xla) | xla | pallas.
-  c.policy.decode_mlp = "auto"  # Decode SwiGLU front: auto (fused Pallas kernel on a GPU up to 64 rows) | xla | pallas.
-  c.policy.decode_down = "auto"  # Decode down projection: auto (split Pallas kernel on a GPU up to 64 rows where the
-  #   hidden size is at most 1,024) | xla | pallas.
-  c.policy.decode_qkv = "auto"  # Decode q/k/v projection, RoPE and cache write: auto (one Pallas kernel on a GPU up
-  #   to 64 rows, batch a multiple of 16) | xla | pallas.
-  c.policy.decode_out = "auto"  # Decode o projection + residual add: auto (one Pallas kernel on a GPU up to 64 rows,
-  #   where the q/k/v kernel runs with the norm inside, decode_norm) | xla | pallas.
-  c.policy.decode_add_norm = "xla"  # Decode residual add after the MLP + the next RMSNorm: xla | auto (one Pallas
-  #   kernel on a GPU, which also sums the down projection's partials) | pallas. Opt-in: slower at 0.5B, batch 64.
-  c.policy.decode_norm = "auto"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: auto (inside on a GPU up to
-  #   hidden size 1,024, else xla) | xla (XLA's norm fusion) | fold (the scale folded into the kernels' weights, XLA
-  #   computes only 1/rms per row) | inside (the kernels compute 1/rms too; faster with decode_out's kernel at
-  #   0.5B, batch 64: BENCHMARKS.md "Sampler").
   c.policy.triton_gemm = True  # XLA's Triton GEMM fusions (False: cuBLAS for every matmul, slower 0.5B decode at
   #   batch 64).
 
@@ -71,11 +57,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sampler.batch_size = 64  # Sequences decoded together, per generate call.
   c.sampler.prompt_buckets = (512, 1024, 2048, 4096, 8192)  # Prompt lengths (tokens) compiled once each.
   c.sampler.kv_cache_dtype = "bfloat16"  # KV-cache dtype.
-  c.sampler.decode_fusion = False  # Compile the decode loop alone with XLA's multi-output Triton fusions (opt-in:
-  #   within run-to-run spread at 0.5B, batch 64).
-  c.sampler.decode_head = "xla"  # The LM head and the draw: 'xla' (GEMM, then sample_logits) | 'auto' (the one Pallas
-  #   kernel of kevin_jax/policy/decode_head.py on a GPU, batches <= 64, temperature or greedy only) | 'pallas'.
-  #   Opt-in: slower decode at 0.5B, batch 64.
+  # The decode fast path (kevin_jax/policy/decode/): resolved once per shape, batch and GPU into a logged DecodePlan.
+  c.sampler.decode_attention = "auto"  # Decode attention: auto (Pallas kernel on a GPU, else xla) | xla | pallas.
+  c.sampler.decode_qkv = "auto"  # Decode q/k/v projection, RoPE and cache write: auto (one Pallas kernel on a GPU up
+  #   to 64 rows, batch a multiple of 16) | xla | pallas.
+  c.sampler.decode_out = "auto"  # Decode o projection + residual add: auto (one Pallas kernel on a GPU up to 64 rows,
+  #   where the q/k/v kernel runs with the norm inside, decode_norm) | xla | pallas.
+  c.sampler.decode_mlp = "auto"  # Decode SwiGLU front: auto (fused Pallas kernel on a GPU up to 64 rows) | xla | pallas.
+  c.sampler.decode_down = "auto"  # Decode down projection: auto (split Pallas kernel on a GPU up to 64 rows where the
+  #   hidden size is at most 1,024) | xla | pallas.
+  c.sampler.decode_norm = "auto"  # Decode RMSNorms before the q/k/v and SwiGLU kernels: auto (inside on a GPU up to
+  #   hidden size 1,024, else xla) | xla (XLA's norm fusion) | fold (the scale folded into the kernels' weights, XLA
+  #   computes only 1/rms per row) | inside (the kernels compute 1/rms too).
+  c.sampler.decode_stats = "auto"  # The draw's chunk maxima and sums of exp: auto (one Pallas pass on a GPU, for
+  #   temperature sampling without top-k / top-p) | xla | pallas.
 
   # --- Rollout: the multi-turn refinement procedure [P §1 "Multi-turn procedure"]. ---
   c.rollout = ml_collections.ConfigDict()
@@ -115,7 +110,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.recompute_old_logps = True  # Recompute log pi_old with the learner's own forward before the updates
   #   (default: avoids sampler/learner numeric mismatch in the ratio); False = use the sampler's log-probs.
   c.rl.logits_chunk = 1024  # Positions per chunk of the log-prob computation (bounds fp32 [B, chunk, vocab]).
-  c.rl.scan_layers = False  # Learner scans the decoder layers (rl/layer_scan.py): needed for remat to save
+  c.rl.scan_layers = False  # Learner scans the decoder layers (Qwen2.hidden(scan=True)): needed for remat to save
   #   memory, but it copies the stacked layer weights every step (lower MFU: BENCHMARKS.md "Learner step").
 
   # --- Optimizer: Optax AdamW or SGD [P §1 "Learning rate", "Gradient clipping"]. ---
@@ -363,7 +358,7 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.rl.loss_constant = 16384.0
       c.rl.micro_batch_size = 1
       c.policy.remat = "full"
-      c.rl.scan_layers = True  # Remat only saves memory with scanned layers (rl/layer_scan.py).
+      c.rl.scan_layers = True  # Remat only saves memory with scanned layers (Qwen2.hidden(scan=True)).
       c.tasks.source = "KernelBench/KernelBench"  # Point at a local checkout.
       from configs import kernelbench  # pylint: disable=g-import-not-at-top
       c.tasks.train_ids, c.tasks.test_ids = kernelbench.split_ids()  # 90+90 train, 10+10 held out [P §1].

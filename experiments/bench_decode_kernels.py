@@ -6,18 +6,18 @@
 Kernels (`--kernels`; a kernel's --config strings, the first being its current default):
   attention  decode_attention over one layer's cache: block_k x splits (0: its choice) x warps x stages x balance;
              one case per --gen-visible (generated slots visible after --prompt-len prompt slots)
-  qkv        the layer's input norm, q/k/v projection, biases, RoPE, cache write (decode_qkv.qkv_rope_cache):
+  qkv        the layer's input norm, q/k/v projection, biases, RoPE, cache write (decode/qkv.py qkv_rope_cache):
              block_m x block_w x warps x stages [x block_d]; the caches carried, so a copy of one would show
-  front      the MLP's norm and silu(x W_gate) * (x W_up) (decode_mlp.swiglu_front): block_n x block_d x warps x
+  front      the MLP's norm and silu(x W_gate) * (x W_up) (decode/mlp.py swiglu_front): block_n x block_d x warps x
              stages [x block_m]
-  down       the down projection split along F (decode_mlp.down_proj): block_n x block_k x splits (0: pick_splits)
+  down       the down projection split along F (decode/mlp.py down_proj): block_n x block_k x splits (0: pick_splits)
              x warps x stages
-  oproj      the o projection + residual (decode_oproj.out_proj_residual): block_n x block_k x warps x stages
+  oproj      the o projection + residual (decode/oproj.py out_proj_residual): block_n x block_k x warps x stages
              [x block_m]
   stats      the sampling step's draw over fp32 logits with the chunk statistics from sample_stats.chunk_stats
              (sample_logits, temperature 0.9): block_m x block_n x warps x stages
 --norm: how qkv and front get their RMSNorm: 'xla' (XLA's norm, then the kernel), 'inside' (the kernel computes
-1/rms) or 'auto' (the model's choice on a GPU: inside up to model.AUTO_NORM_MAX_D); XLA's path always norms first.
+1/rms) or 'auto' (the decode plan's choice on a GPU: inside up to plan.AUTO_NORM_MAX_D); XLA's path always norms first.
 
 Method: each timed program runs --layers weight and cache sets in turn (more bytes than the L2 cache, as in a
 decode step where every layer reads new ones), --reps times in a jitted fori_loop, each layer's input depending
@@ -44,13 +44,16 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from kevin_jax.policy import get_preset, sample_stats, sampler  # pylint: disable=wrong-import-position
+from kevin_jax.policy import get_preset  # pylint: disable=wrong-import-position
 from kevin_jax.policy import model as model_lib  # pylint: disable=wrong-import-position
-from kevin_jax.policy.decode_attention import (  # pylint: disable=wrong-import-position
+from kevin_jax.policy import sampling as sampler  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode import plan as plan_lib  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode import sample_stats  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode.attention import (  # pylint: disable=wrong-import-position
     SlotRanges, decode_attention, padded_rows)
-from kevin_jax.policy.decode_mlp import down_proj, swiglu_front  # pylint: disable=wrong-import-position
-from kevin_jax.policy.decode_oproj import out_proj_residual  # pylint: disable=wrong-import-position
-from kevin_jax.policy.decode_qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode.mlp import down_proj, swiglu_front  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode.oproj import out_proj_residual  # pylint: disable=wrong-import-position
+from kevin_jax.policy.decode.qkv import qkv_rope_cache  # pylint: disable=wrong-import-position
 
 SHAPES = {"0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "small": "small"}
 KERNELS = ("attention", "qkv", "front", "down", "oproj", "stats")
@@ -137,7 +140,7 @@ def attention_cases(a, cfg, b, rng):
   caches = [tuple(jnp.asarray(rng.standard_normal((b, kh, s, h), np.float32), jnp.bfloat16) for _ in "kv")
             for _ in range(layers)]
   q = jnp.asarray(rng.standard_normal((b, kh, g, h), np.float32), jnp.bfloat16)
-  xla_attend = model_lib._decode_attend  # pylint: disable=protected-access  (the model's XLA path)
+  xla_attend = model_lib.decode_attend  # the model's reference path
   versions = {"xla": lambda q_, kc, vc, r: xla_attend(q_, kc, vc, r.mask(s), True)}
   for c in a.configs["attention"]:
     bk, sp, nw, ns, bal = _ints(c)
@@ -220,7 +223,7 @@ def qkv_cases(a, cfg, b, rng):
 
 
 def _norm_inside(a, cfg) -> bool:
-  return a.norm == "inside" or (a.norm == "auto" and cfg.hidden_size <= model_lib.AUTO_NORM_MAX_D)
+  return a.norm == "inside" or (a.norm == "auto" and cfg.hidden_size <= plan_lib.AUTO_NORM_MAX_D)
 
 
 def _xla_front(x, wg, wu, norm):

@@ -3,7 +3,7 @@ variants side by side.
 
   python experiments/bench_sampler.py --out runs/bench_sampler                       # the whole table
   python experiments/bench_sampler.py --models 0.5b --batches 64 --no-hf --rounds 2 \
-      --variant new: --variant 'fused:--decode-fusion 1' --variant 'base:--tree /tmp/base' --out runs/ab
+      --variant new: --variant 'xla_norms:--decode-norm xla' --variant 'base:--tree /tmp/base' --out runs/ab
 
 For each model shape (random weights, bf16: Qwen2.5-0.5B and -1.5B) and batch size (64, 256), with prompts of
 1,024 random tokens and 1,024 new tokens (temperature 0.9, no top-k/top-p, EOS disabled so every row decodes
@@ -46,7 +46,7 @@ import time
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
 from experiments.bench_sampler_workers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
-    DECODE_DESTS, MODELS, add_decode_args)
+    DECODE_DESTS, DECODE_PARTS, MODELS, add_decode_args)
 
 _WORKERS = os.path.join(_REPO, "experiments", "bench_sampler_workers.py")
 
@@ -175,10 +175,8 @@ def write_summary(results: dict, args, out_dir: str, final: bool) -> None:
       f"{args.hf_new_tokens} new tokens (sdpa, bf16, same weights); temperature 0.9, EOS disabled.",
       "Roofline: (weights + KV of attended tokens) bytes per step / copy bandwidth. 'compile s' per batch "
       f"size, compiled concurrently. Whole run {results.get('wall_s', 0):.0f}s" + ("." if final else " (partial)."),
-      f"Decode kernels: decode_attention={args.decode_attention}, decode_qkv={args.decode_qkv}, decode_out="
-      f"{args.decode_out}, decode_add_norm={args.decode_add_norm}, decode_norm={args.decode_norm}, "
-      f"decode_fusion={args.decode_fusion}, decode_head={args.decode_head}; kernel "
-      f"options: {args.kernel_opts or 'defaults'}; more XLA_FLAGS: {args.xla_flags or 'none'}.",
+      "Decode kernels: " + ", ".join(f"{part}={getattr(args, 'decode_' + part)}" for part in DECODE_PARTS)
+      + f"; kernel options: {args.kernel_opts or 'defaults'}; more XLA_FLAGS: {args.xla_flags or 'none'}.",
   ]
   for model, entry in results["models"].items():
     ops = entry.get("jax", {}).get("cache_ops_in_decode_hlo")

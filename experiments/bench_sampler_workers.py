@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import functools
 import importlib
 import json
@@ -36,33 +37,28 @@ def add_decode_args(p: argparse.ArgumentParser, suppress: bool = False) -> None:
   so that a parse returns only the options given."""
   d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
   p.add_argument("--attention", default=d("xla"), choices=("xla", "cudnn"), help="prefill attention implementation")
-  p.add_argument("--decode-attention", default=d("auto"), choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_attention (auto: the Pallas kernel on a GPU)")
-  p.add_argument("--decode-qkv", default=d("auto"), choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_qkv (pallas: q/k/v projection, RoPE and cache write in one kernel)")
-  p.add_argument("--decode-out", default=d("auto"), choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_out (pallas: o projection + residual in one kernel)")
-  p.add_argument("--decode-add-norm", default=d("xla"), choices=("auto", "xla", "pallas"),
-                 help="ModelConfig.decode_add_norm (pallas: the residual add after the MLP + the next norm)")
-  p.add_argument("--decode-norm", default=d("auto"), choices=("auto", "xla", "fold", "inside"),
-                 help="ModelConfig.decode_norm (fold, inside: the norms applied in the q/k/v and SwiGLU kernels)")
-  p.add_argument("--decode-fusion", type=int, default=d(0), choices=(0, 1),
-                 help="SamplerConfig.decode_fusion (1: the decode loop compiled with multi-output fusions)")
-  p.add_argument("--decode-head", default=d("xla"), choices=("auto", "xla", "pallas"),
-                 help="SamplerConfig.decode_head (pallas: the LM head and the draw in one kernel)")
+  for part, choices, what in (("attention", None, "attention over the visible cache slots"),
+                              ("qkv", None, "q/k/v projection, RoPE and cache write in one kernel"),
+                              ("out", None, "o projection + residual in one kernel"),
+                              ("mlp", None, "the SwiGLU front in one kernel"),
+                              ("down", None, "the down projection split along F"),
+                              ("norm", ("auto", "xla", "fold", "inside"), "the norms in the q/k/v and SwiGLU kernels"),
+                              ("stats", None, "the draw's chunk statistics in one pass")):
+    p.add_argument(f"--decode-{part}", default=d("auto"), choices=choices or ("auto", "xla", "pallas"),
+                   help=f"DecodeConfig.{part} ({what})")
   p.add_argument("--kernel-opts", default=d(""), help="keyword arguments of decode kernel functions, e.g. "
-                 "'decode_attention.decode_attention:num_splits=4;decode_mlp.swiglu_front:num_stages=3'")
+                 "'mlp.swiglu_front:num_stages=3' (modules of kevin_jax/policy/decode/)")
   p.add_argument("--xla-flags", default=d(""), help="more XLA_FLAGS for the JAX worker (after the caller's), e.g. "
                  "--xla-flags=--xla_gpu_enable_pdl=true")
 
 
-DECODE_DESTS = ("attention", "decode_attention", "decode_qkv", "decode_out", "decode_add_norm", "decode_norm",
-                "decode_fusion", "decode_head", "kernel_opts", "xla_flags")
+DECODE_PARTS = ("attention", "qkv", "out", "mlp", "down", "norm", "stats")
+DECODE_DESTS = ("attention",) + tuple("decode_" + part for part in DECODE_PARTS) + ("kernel_opts", "xla_flags")
 
 
 def parse_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
-  """'decode_mlp.swiglu_front:num_stages=5;decode_attention.decode_attention:num_splits=1,merge=unrolled' ->
-  [(module, function, {keyword: value})]; integer values become ints. The modules are kevin_jax.policy's."""
+  """'mlp.swiglu_front:num_stages=5;attention.decode_attention:balance=0' -> [(module, function, {keyword:
+  value})]; integer values become ints. The modules are kevin_jax.policy.decode's (a 'decode_' prefix is dropped)."""
   out = []
   for part in filter(None, (p.strip() for p in spec.split(";"))):
     target, _, kws = part.partition(":")
@@ -75,17 +71,18 @@ def parse_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
       if not eq:
         raise ValueError(f"--kernel-opts: expected key=value, got {kv!r} in {part!r}")
       opts[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
-    out.append((module, fn, opts))
+    out.append((module.removeprefix("decode_"), fn, opts))
   return out
 
 
 def apply_kernel_opts(spec: str) -> list[tuple[str, str, dict]]:
-  """Rebinds each named function of kevin_jax.policy.<module> to a functools.partial with the keywords, for this
-  process. The model looks its kernels up on their modules when it traces a decode step, so a step traced
-  afterwards runs them with these options (block shapes, stages, splits) without changing their defaults."""
+  """Rebinds each named function of kevin_jax.policy.decode.<module> to a functools.partial with the keywords, for
+  this process. The decode step looks its kernels up on their modules when it is traced, so a step traced
+  afterwards runs them with these options (block shapes, stages) without changing their defaults; keywords that
+  the step passes from its DecodePlan (the attention's and down projection's splits) win over these."""
   opts = parse_kernel_opts(spec)
   for module, fn, kw in opts:
-    mod = importlib.import_module(f"kevin_jax.policy.{module}")
+    mod = importlib.import_module(f"kevin_jax.policy.decode.{module}")
     setattr(mod, fn, functools.partial(getattr(mod, fn), **kw))
   return opts
 
@@ -173,7 +170,8 @@ def jax_worker(args) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy import get_preset  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.decode.plan import DecodeConfig  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.model import Qwen2  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.weights import save_pretrained  # pylint: disable=g-import-not-at-top
@@ -186,15 +184,13 @@ def jax_worker(args) -> dict:
   print(f"[jax] {out['device']}: copy bandwidth {out['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s (10 copies streamed; "
         f"single copies: {out['copy_bandwidth_single_Bps'] / 1e9:,.0f} GB/s)", flush=True)
   cfg = get_preset(MODELS[args.model], param_dtype="bfloat16", compute_dtype="bfloat16",
-                   attention_impl=args.attention, decode_attention=args.decode_attention,
-                   decode_qkv=args.decode_qkv, decode_out=args.decode_out, decode_add_norm=args.decode_add_norm,
-                   decode_norm=args.decode_norm)
-  # What 'auto' became here (decode_out per batch): the figures depend on it.
-  out["decode_norm_resolved"] = model_lib.decode_norm_impl(cfg)
-  resolve_out = model_lib._decode_out_impl  # pylint: disable=protected-access
-  out["decode_out_resolved"] = {b: resolve_out(cfg, b) for b in args.batches}
-  print(f"[jax] decode_norm {args.decode_norm} -> {out['decode_norm_resolved']}, decode_out {args.decode_out} -> "
-        f"{out['decode_out_resolved']} (by batch)", flush=True)
+                   attention_impl=args.attention)
+  decode = DecodeConfig(**{part: getattr(args, "decode_" + part) for part in DECODE_PARTS})
+  # What 'auto' became here, per batch: the figures depend on it.
+  slots = args.prompt_len + -(-args.new_tokens // 64) * 64
+  out["decode_plan"] = {b: dataclasses.asdict(sampler_lib.decode_plan(decode, cfg, b, slots, args.prompt_len))
+                        for b in args.batches}
+  print(f"[jax] decode plan by batch: {out['decode_plan']}", flush=True)
   t = time.perf_counter()
   # Random weights drawn on the host: jitting Qwen2's own initialiser compiles for minutes at these shapes, and
   # decode speed does not depend on the values.
@@ -215,8 +211,7 @@ def jax_worker(args) -> dict:
   rng = np.random.RandomState(args.seed)
   kw = dict(max_new_tokens=args.new_tokens, temperature=0.9, top_p=1.0, top_k=0)
   samplers = {b: Sampler(cfg, None, SamplerConfig(batch_size=b, prompt_buckets=(args.prompt_len,),
-                                                  kv_cache_dtype="bfloat16", decode_fusion=bool(args.decode_fusion),
-                                                  decode_head=args.decode_head))
+                                                  kv_cache_dtype="bfloat16", decode=decode))
               for b in args.batches}
   # Compile every batch size's prefill + decode concurrently (XLA compiles outside the GIL): saves wall time.
   t = time.perf_counter()

@@ -87,10 +87,7 @@ def model_config(config, tokenizer: Tokenizer) -> ModelConfig:
   """The policy's ModelConfig: from the HF checkpoint's config.json, else the named preset."""
   p = config.policy
   runtime = dict(param_dtype=p.param_dtype, compute_dtype=p.compute_dtype, remat=p.remat,
-                 attention_impl=resolve_attention_impl(p.attention_impl, p.compute_dtype),
-                 decode_attention=p.decode_attention, decode_mlp=p.decode_mlp, decode_down=p.decode_down,
-                 decode_qkv=p.decode_qkv, decode_out=p.decode_out, decode_add_norm=p.decode_add_norm,
-                 decode_norm=p.decode_norm)
+                 attention_impl=resolve_attention_impl(p.attention_impl, p.compute_dtype))
   if p.checkpoint:
     return ModelConfig.from_hf_config(p.checkpoint, **runtime)
   cfg = get_preset(p.preset, **runtime)

@@ -16,11 +16,12 @@ from experiments import bench_sampler_workers as workers  # pylint: disable=g-im
 def test_kernel_opts_parse_and_rebind(monkeypatch):
   """--kernel-opts: module.function:key=value,...; ';' between kernels; integers become ints. Applying rebinds the
   function on its module (restored here by monkeypatch), which the model looks up when it traces a decode step."""
-  from kevin_jax.policy import decode_attention, decode_mlp  # pylint: disable=g-import-not-at-top
-  spec = "decode_mlp.swiglu_front:num_stages=5,block_n=32; decode_attention.decode_attention:merge=unrolled"
+  from kevin_jax.policy.decode import attention as decode_attention  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.decode import mlp as decode_mlp  # pylint: disable=g-import-not-at-top
+  spec = "decode_mlp.swiglu_front:num_stages=5,block_n=32; attention.decode_attention:balance=0"
   assert workers.parse_kernel_opts(spec) == [
-      ("decode_mlp", "swiglu_front", {"num_stages": 5, "block_n": 32}),
-      ("decode_attention", "decode_attention", {"merge": "unrolled"})]
+      ("mlp", "swiglu_front", {"num_stages": 5, "block_n": 32}),
+      ("attention", "decode_attention", {"balance": 0})]
   assert workers.parse_kernel_opts("") == []
   for bad in ("decode_mlp:num_stages=5", "decode_mlp.swiglu_front", "decode_mlp.swiglu_front:num_stages"):
     with pytest.raises(ValueError, match="--kernel-opts"):
@@ -31,7 +32,7 @@ def test_kernel_opts_parse_and_rebind(monkeypatch):
   workers.apply_kernel_opts(spec)
   assert decode_mlp.swiglu_front.func is originals[0]
   assert decode_mlp.swiglu_front.keywords == {"num_stages": 5, "block_n": 32}
-  assert decode_attention.decode_attention.keywords == {"merge": "unrolled"}
+  assert decode_attention.decode_attention.keywords == {"balance": 0}
 
 
 def _fake_tree(root, tok_s: float):
@@ -50,9 +51,9 @@ def _fake_tree(root, tok_s: float):
 
 
 def test_parse_variant(tmp_path):
-  v = bench_sampler.parse_variant("fused:--decode-fusion 1 --kernel-opts=decode_mlp.swiglu_front:num_stages=3")
+  v = bench_sampler.parse_variant("fused:--decode-out xla --kernel-opts=decode_mlp.swiglu_front:num_stages=3")
   assert (v.name, v.tree) == ("fused", None)
-  assert v.options == {"decode_fusion": 1, "kernel_opts": "decode_mlp.swiglu_front:num_stages=3"}
+  assert v.options == {"decode_out": "xla", "kernel_opts": "decode_mlp.swiglu_front:num_stages=3"}
   assert bench_sampler.parse_variant("new:").options == {}
   assert bench_sampler.parse_variant("pdl:--xla-flags=--xla_gpu_enable_pdl=true").options == {
       "xla_flags": "--xla_gpu_enable_pdl=true"}
@@ -66,7 +67,7 @@ def test_parse_variant(tmp_path):
     with pytest.raises(ValueError, match=match):
       bench_sampler.parse_variant(spec)
   with pytest.raises(SystemExit, match="names must differ"):
-    bench_sampler.main(["--out", str(tmp_path / "o"), "--variant", "a:", "--variant", "a:--decode-fusion 1"])
+    bench_sampler.main(["--out", str(tmp_path / "o"), "--variant", "a:", "--variant", "a:--decode-out xla"])
 
 
 def test_variants_alternate_and_compare(tmp_path, monkeypatch):
@@ -79,7 +80,7 @@ def test_variants_alternate_and_compare(tmp_path, monkeypatch):
   def fake_run_once(args, out_dir, t0):
     del t0
     name, rnd = os.path.basename(out_dir).rsplit("_r", 1)
-    calls.append((name, int(rnd), args.decode_fusion, args.decode_norm, args.no_hf))
+    calls.append((name, int(rnd), args.decode_out, args.decode_norm, args.no_hf))
     tok_s = speed.get((name, int(rnd)))
     jax = {"runs": [{"batch": 64, "decode_tok_s": tok_s, "roofline_frac": tok_s / 1e5}]} if tok_s else {
         "error": "rc=1"}
@@ -89,10 +90,10 @@ def test_variants_alternate_and_compare(tmp_path, monkeypatch):
   _fake_tree(tmp_path / "base", 700.0)
   out = tmp_path / "ab"
   bench_sampler.main(["--models", "0.5b", "--batches", "64", "--decode-norm", "xla", "--rounds", "2", "--out",
-                      str(out), "--variant", "new:", "--variant", "fused:--decode-fusion 1 --decode-norm inside",
-                      "--variant", f"base:--tree {tmp_path / 'base'} --decode-head pallas"])
-  assert calls == [("new", 1, 0, "xla", False), ("fused", 1, 1, "inside", True),
-                   ("new", 2, 0, "xla", True), ("fused", 2, 1, "inside", True)]
+                      str(out), "--variant", "new:", "--variant", "fused:--decode-out xla --decode-norm inside",
+                      "--variant", f"base:--tree {tmp_path / 'base'} --decode-mlp pallas"])
+  assert calls == [("new", 1, "auto", "xla", False), ("fused", 1, "xla", "inside", True),
+                   ("new", 2, "auto", "xla", True), ("fused", 2, "xla", "inside", True)]
   summary = json.loads((out / "variants.json").read_text())
   assert [(r["variant"], r["round"]) for r in summary["runs"]] == [
       ("new", 1), ("fused", 1), ("base", 1), ("new", 2), ("fused", 2), ("base", 2)]
@@ -100,13 +101,13 @@ def test_variants_alternate_and_compare(tmp_path, monkeypatch):
   tree_run = json.loads((out / "base_r1" / "results.json").read_text())
   assert tree_run["cwd"] == str(tmp_path / "base")
   assert tree_run["argv"] == ["--models", "0.5b", "--batches", "64", "--prompt-len", "1024", "--new-tokens", "1024",
-                              "--seed", "0", "--no-hf", "--out", str(out / "base_r1"), "--decode-head", "pallas"]
+                              "--seed", "0", "--no-hf", "--out", str(out / "base_r1"), "--decode-mlp", "pallas"]
   lines = (out / "variants.md").read_text().splitlines()
   assert lines[4] == "| new | 0.5b | 64 | 45,000 / 47,000 | 46,000 | 1.000 | 46.0 % | - |"
-  assert lines[5] == ("| fused | 0.5b | 64 | 48,000 / failed | 48,000 | 1.043 | 48.0 % | --decode-fusion 1 "
+  assert lines[5] == ("| fused | 0.5b | 64 | 48,000 / failed | 48,000 | 1.043 | 48.0 % | --decode-out xla "
                       "--decode-norm inside |")
   assert lines[6] == (f"| base | 0.5b | 64 | 44,800 / 44,800 | 44,800 | 0.974 | 25.0 % | --tree {tmp_path / 'base'} "
-                      "--decode-head pallas |")
+                      "--decode-mlp pallas |")
 
 
 def test_decode_only_subtracts_the_prefill_call_per_step():
@@ -126,7 +127,7 @@ def test_smoke_two_variants_end_to_end(tmp_path):
   the decode HLO holds no copy of the KV cache, and the table compares them."""
   out = tmp_path / "smoke"
   bench_sampler.main(["--smoke", "--no-hf", "--batches", "2", "--out", str(out), "--variant", "a:",
-                      "--variant", "b:--decode-fusion 1 --kernel-opts decode_mlp.swiglu_front:num_stages=3"])
+                      "--variant", "b:--decode-out xla --kernel-opts decode_mlp.swiglu_front:num_stages=3"])
   for name in ("a_r1", "b_r1"):
     res = json.loads((out / name / "results.json").read_text())
     jax = res["models"]["tiny"]["jax"]
@@ -135,6 +136,6 @@ def test_smoke_two_variants_end_to_end(tmp_path):
     assert run["all_full_length"] and run["logprobs_finite_nonpositive"] and 0 < run["roofline_frac"]
     assert jax["cache_ops_in_decode_hlo"]["files"] > 0
     assert (jax["cache_ops_in_decode_hlo"]["copy"], jax["cache_ops_in_decode_hlo"]["transpose"]) == (0, 0)
-  assert json.loads((out / "b_r1" / "results.json").read_text())["args"]["decode_fusion"] == 1
+  assert json.loads((out / "b_r1" / "results.json").read_text())["args"]["decode_out"] == "xla"
   rows = json.loads((out / "variants.json").read_text())["rows"]
   assert [r["variant"] for r in rows] == ["a", "b"] and rows[0]["vs_first"] == 1.0 and rows[1]["vs_first"] > 0

@@ -44,28 +44,3 @@ def make_hf_qwen2(path: str | os.PathLike, *, vocab_size: int = 256, hidden_size
   model = model.to(getattr(torch, dtype))
   model.save_pretrained(os.fspath(path))
   return model
-
-
-def assert_sampler_same_with_kernel(fields: str | tuple[str, ...], max_new_tokens: int = 70, batch_size: int = 2,
-                                    **preset_kw) -> None:
-  """Greedy decoding of a random tiny fp32 model with ModelConfig.<field> = 'xla' and = 'interpret' (a Pallas
-  decode kernel in interpret mode) for each of `fields`: the same tokens, and log-probs within 1e-4.
-  `batch_size` prompts of different lengths decode together."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy import Qwen2, get_preset  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy.sampler import Sampler, SamplerConfig  # pylint: disable=g-import-not-at-top
-  fields = (fields,) if isinstance(fields, str) else fields
-  outs = {}
-  for impl in ("xla", "interpret"):
-    cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", **preset_kw,
-                     **{field: impl for field in fields})
-    model = Qwen2(cfg, rngs=nnx.Rngs(3))
-    sampler = Sampler(cfg, None, SamplerConfig(batch_size=batch_size, prompt_buckets=(64,),
-                                               kv_cache_dtype="float32"))
-    prompts = [[5, 9, 11], list(range(20, 60))] + [list(range(7 + i, 7 + 3 * i)) for i in range(1, batch_size - 1)]
-    outs[impl] = sampler.generate(model, prompts, seed=0, max_new_tokens=max_new_tokens, temperature=0.0,
-                                  eos_ids=[])
-  assert outs["xla"].tokens == outs["interpret"].tokens
-  for a, b in zip(outs["xla"].logprobs, outs["interpret"].logprobs):
-    np.testing.assert_allclose(a, b, atol=1e-4)

@@ -14,7 +14,6 @@ from flax import nnx
 from kevin_jax.policy.config import get_preset
 from kevin_jax.policy.model import Qwen2
 from kevin_jax.rl import memcheck
-from kevin_jax.rl.layer_scan import scanned_hidden
 from tests.test_learner import TINY, init_params_host, make_batch, make_learner, rel_err
 
 DEEP = get_preset("tiny", param_dtype="float32", compute_dtype="float32", num_layers=4)
@@ -63,7 +62,7 @@ def test_layer_scan_matches_model_hidden():
 
   def loss(p, scan):
     m = nnx.merge(graphdef, p)
-    h = scanned_hidden(m, tok, pos, mask) if scan else m.hidden(tok, pos, mask)
+    h = m.hidden(tok, pos, mask, scan=scan)[0]
     return jnp.sum(jnp.sin(h) * mask[..., None]), h
 
   vg = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
@@ -91,3 +90,28 @@ def test_memcheck_reports_sharded_state(cpu_devices8, capsys, tmp_path):
   assert 2 * get_preset("tiny").num_params() / 8 <= b["state_params"] <= 2 * get_preset("tiny").num_params()
   assert b["aliased"] >= state  # The donated state's buffers are reused for the new state.
   assert b["arguments"] >= state and r["batch_rows"] == 2 * 1 * 4  # updates x micro-batch x fsdp.
+
+
+@pytest.mark.parametrize("scan,remat", [(False, "none"), (True, "full")])
+def test_golden_logprob_loss_and_grads(scan, remat):
+  """A golden regression of the learner's forward/backward (rl/logprobs.token_logps through Qwen2.hidden) on a
+  tiny fp32 model with fixed seeds: the summed log-prob and the summed |gradient| equal the values recorded before
+  the decode fast path moved out of the model (commit 8875b8c). Update them only for an intended change of the
+  model's math (e.g. a new initialiser), never to make a refactor pass."""
+  from kevin_jax.rl.logprobs import token_logps  # pylint: disable=g-import-not-at-top
+  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", vocab_size=512, remat=remat)
+  rng = np.random.RandomState(0)
+  for n in (5, 11, 3, 8, 20):  # the recorded run drew its prompts first
+    rng.randint(0, 512, n)
+  tok = jnp.asarray(rng.randint(0, 512, (2, 24)), jnp.int32)
+  mask = jnp.asarray(np.arange(24)[None] < np.array([[24], [17]]), jnp.int32)
+  graphdef, state = nnx.split(Qwen2(cfg, rngs=nnx.Rngs(3)))
+
+  def loss(st):
+    lp, _ = token_logps(nnx.merge(graphdef, st), tok, mask, chunk=8, with_entropy=False, scan_layers=scan)
+    return jnp.sum(lp * mask)
+
+  value, grads = jax.jit(jax.value_and_grad(loss))(state)
+  np.testing.assert_allclose(float(value), -242.86627197265625, rtol=1e-6)
+  total = sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree.leaves(grads))
+  np.testing.assert_allclose(total, 11733.16575415805, rtol=1e-5)

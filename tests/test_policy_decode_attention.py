@@ -1,14 +1,14 @@
-"""The Pallas decode-attention kernel (policy/decode_attention.py) against the masked einsum, in interpret mode on
-the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches, and the sampler end to end."""
+"""The Pallas decode-attention kernel (policy/decode/attention.py) against the masked einsum, in interpret mode on
+the CPU: ragged prompt lengths, several splits, bf16 and fp32 caches (the sampler end to end with it:
+tests/test_policy_decode_step.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy.decode_attention import SlotRanges, decode_attention, merge_splits, split_share, supported
-from kevin_jax.policy.model import _decode_attend
-from tests.test_common import assert_sampler_same_with_kernel
+from kevin_jax.policy.decode.attention import SlotRanges, decode_attention, merge_splits, split_share, supported
+from kevin_jax.policy.model import decode_attend
 
 
 def _case(dtype, b=3, k=2, g=7, h=64, p=128, n=256, seed=0):
@@ -29,18 +29,7 @@ def test_matches_masked_einsum_fp32(splits, balance, gen_len):
   q, kc, vc, s = _case(jnp.float32)
   ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(gen_len), gen_start=128)
   got = decode_attention(q, kc, vc, ranges, num_splits=splits, balance=balance, interpret=True)
-  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("splits,balance", [(1, False), (3, False), (5, True), (8, True)])
-def test_unrolled_merge_matches_masked_einsum_fp32(splits, balance):
-  """merge='unrolled' (elementwise sums over the splits) gives the exact attention too, empty splits included
-  (8 balanced splits of the 3-4 visible blocks leave some with nothing)."""
-  q, kc, vc, s = _case(jnp.float32)
-  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(65), gen_start=128)
-  got = decode_attention(q, kc, vc, ranges, num_splits=splits, balance=balance, merge="unrolled", interpret=True)
-  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
+  want = decode_attend(q, kc, vc, ranges.mask(s), True)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
@@ -53,7 +42,7 @@ def test_padded_output_for_the_o_kernel(splits):
   ranges = SlotRanges(prompt_len_B=jnp.array([5, 128, 70]), gen_len=jnp.array(40), gen_start=128)
   got = decode_attention(q_pad, kc, vc, ranges, groups=7, padded=True, num_splits=splits, interpret=True)
   assert got.shape == (3, 2, 16 if splits == 1 else 7, 64)
-  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
+  want = decode_attend(q, kc, vc, ranges.mask(s), True)
   np.testing.assert_allclose(np.asarray(got[:, :, :7]), np.asarray(want), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="padded=True needs groups"):
     decode_attention(q, kc, vc, ranges, padded=True, interpret=True)
@@ -76,8 +65,8 @@ def test_split_share_partitions_the_visible_blocks():
       np.testing.assert_array_equal(ends[-1], n)
 
 
-def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
-  """Both merges on hand-made partials: split 1 is empty (m = -1e30, l = 0, acc = 0) and must not count; the
+def test_merge_splits_weighs_empty_splits_zero():
+  """The merge on hand-made partials: split 1 is empty (m = -1e30, l = 0, acc = 0) and must not count; the
   result is sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), computed here in float64."""
   rng = np.random.default_rng(1)
   o = rng.standard_normal((2, 2, 3, 4, 8)).astype(np.float32)
@@ -86,25 +75,17 @@ def test_merge_splits_two_ways_agree_and_weigh_empty_splits_zero():
   o[:, :, 1], m[:, :, 1], l[:, :, 1] = 0.0, -1e30, 0.0
   w = np.exp(m.astype(np.float64) - m.max(axis=2, keepdims=True))
   want = (o * w[..., None]).sum(axis=2) / (l * w).sum(axis=2)[..., None]
-  for merge in ("reduce", "unrolled"):
-    got = merge_splits(jnp.asarray(o), jnp.asarray(m), jnp.asarray(l), merge)
+  for _ in range(1):
+    got = merge_splits(jnp.asarray(o), jnp.asarray(m), jnp.asarray(l))
     assert got.shape == (2, 2, 4, 8)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
-
-
-def test_bad_merge():
-  """An unknown merge is an error naming the choices."""
-  q, kc, vc, _ = _case(jnp.float32, b=2)
-  ranges = SlotRanges(prompt_len_B=jnp.array([5, 128]), gen_len=jnp.array(3), gen_start=128)
-  with pytest.raises(ValueError, match="merge must be one of"):
-    decode_attention(q, kc, vc, ranges, merge="sum", interpret=True)
 
 
 def test_bf16_cache_and_invisible_slots_ignored():
   q, kc, vc, s = _case(jnp.bfloat16, g=4, h=32)
   ranges = SlotRanges(prompt_len_B=jnp.array([1, 77, 128]), gen_len=jnp.array(40), gen_start=128)
   got = decode_attention(q, kc, vc, ranges, interpret=True)
-  want = _decode_attend(q, kc, vc, ranges.mask(s), True)
+  want = decode_attend(q, kc, vc, ranges.mask(s), True)
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
   # Garbage (huge values) in invisible slots must not change the result.
   mask = np.asarray(ranges.mask(s))[:, None, :, None]
@@ -121,21 +102,15 @@ def test_shape_rules():
     decode_attention(q, kc, vc, SlotRanges(jnp.array([1, 2, 3]), jnp.array(1), 100), interpret=True)
 
 
-def test_sampler_same_tokens_with_the_kernel():
-  """Greedy decoding of a random small-shaped model: the Pallas path (interpret) and the XLA path agree."""
-  assert_sampler_same_with_kernel("decode_attention", head_dim=16)
-
-
-@pytest.mark.parametrize("balance,merge,splits", [(False, "reduce", 0), (True, "reduce", 0), (True, "unrolled", 0),
-                                                  (False, "reduce", 1)])
+@pytest.mark.parametrize("balance,splits", [(False, 0), (True, 0), (False, 1)])
 @pytest.mark.parametrize("slots", [2048, 1088])
-def test_lowers_to_triton(balance, merge, splits, slots):
+def test_lowers_to_triton(balance, splits, slots):
   """The kernel lowers through Pallas' Triton backend for a GPU target (on the CPU: no device needed) at the
   0.5B shape, B = 64, with a cache of a power of two of slots and not (1,024 prompt + 64 generated); one split
   writes its output itself (no partials)."""
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
   ranges = SlotRanges(prompt_len_B=spec(64, dtype=jnp.int32), gen_len=spec(dtype=jnp.int32), gen_start=1024)
-  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, merge=merge, num_splits=splits)
+  fn = lambda q, k, v, r: decode_attention(q, k, v, r, balance=balance, num_splits=splits)
   text = jax.jit(fn).trace(spec(64, 2, 7, 64), spec(64, 2, slots, 64), spec(64, 2, slots, 64), ranges).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1

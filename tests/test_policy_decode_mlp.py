@@ -1,4 +1,4 @@
-"""The decode MLP kernels (policy/decode_mlp.py: the fused SwiGLU front, the split down projection) against the jnp
+"""The decode MLP kernels (policy/decode/mlp.py: the fused SwiGLU front, the split down projection) against the jnp
 expression: in interpret mode on the CPU, and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
 
 import jax
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy import decode_mlp, get_preset
-from kevin_jax.policy.decode_mlp import (DOWN_SPLITS, down_partials, down_proj, pick_block, pick_splits,
+from kevin_jax.policy import get_preset
+from kevin_jax.policy.decode import mlp as decode_mlp
+from kevin_jax.policy.decode.mlp import (DOWN_SPLITS, down_partials, down_proj, pick_block, pick_splits,
                                         resolve_splits, supported, swiglu_front)
-from tests.test_common import assert_sampler_same_with_kernel
 
 
 def _case(b, d, f, dtype, seed=0):
@@ -95,16 +95,17 @@ def test_down_proj_matches_reference_fp32(b, f, d, splits, block_n, block_k):
 
 def test_down_proj_split_rules():
   # 0.5B (F = 4,864 = 76 x 64): 14 column blocks of 64 need 10 splits for 132 programs; 19 is the first divisor.
-  assert pick_splits(4864, 14, 64) == 19 and pick_splits(4864, 7, 128) == 19
-  assert pick_splits(8960, 24, 64) == 7  # 1.5B: 140 chunks of 64, 24 x 7 = 168 programs.
-  assert pick_splits(192, 4, 64) == 3  # Too few chunks for 132 programs: all of them.
-  assert pick_splits(4864, 200, 64) == 1
+  assert pick_splits(4864, 14, 64, 132) == 19 and pick_splits(4864, 7, 128, 132) == 19
+  assert pick_splits(8960, 24, 64, 132) == 7  # 1.5B: 140 chunks of 64, 24 x 7 = 168 programs.
+  assert pick_splits(192, 4, 64, 132) == 3  # Too few chunks for 132 programs: all of them.
+  assert pick_splits(4864, 200, 64, 132) == 1
+  assert pick_splits(4864, 14, 64, 66) == 19 and pick_splits(4864, 14, 64, 28) == 2  # fewer SMs
   # The default (None): DOWN_SPLITS where it divides F's chunks (0.5B: 76; small: 24; 1.5B: 140), else pick_splits
   # (the tiny preset's F = 192: 3 chunks); 0 asks for pick_splits; other values stand.
   assert DOWN_SPLITS == 4
   assert resolve_splits(None, 4864, 14, 64) == 4 and resolve_splits(None, 1536, 8, 64) == 4
   assert resolve_splits(None, 192, 1, 64) == 3 and resolve_splits(None, 8960, 24, 64) == 4
-  assert resolve_splits(0, 4864, 14, 64) == 19 and resolve_splits(2, 4864, 14, 64) == 2
+  assert resolve_splits(0, 4864, 14, 64, 132) == 19 and resolve_splits(2, 4864, 14, 64) == 2
   h, w = _down_case(4, 256, 64, jnp.float32)
   assert down_partials(h, w, interpret=True).shape == (4, 16, 64)  # 4 chunks of 64: DOWN_SPLITS, 16-row tiles
   with pytest.raises(ValueError, match="must divide"):
@@ -113,45 +114,6 @@ def test_down_proj_split_rules():
     down_proj(h, w[:128], interpret=True)
   with pytest.raises(ValueError, match="multiples of 16"):
     down_proj(h[:, :40], w[:40], interpret=True)
-
-
-def test_sampler_same_tokens_with_the_kernel():
-  """Greedy decoding of a random tiny model: the fused front (interpret) and the XLA MLP agree."""
-  assert_sampler_same_with_kernel("decode_mlp", max_new_tokens=40)
-
-
-def test_sampler_same_tokens_with_the_split_down_projection():
-  """The same with ModelConfig.decode_down: the split down projection (interpret) against the einsum."""
-  assert_sampler_same_with_kernel("decode_down", max_new_tokens=40)
-
-
-def test_bad_config_value():
-  with pytest.raises(ValueError, match="decode_mlp"):
-    get_preset("tiny", decode_mlp="triton")
-  with pytest.raises(ValueError, match="decode_down"):
-    get_preset("tiny", decode_down="triton")
-
-
-@pytest.mark.parametrize("backend,hidden,rows,want", [
-    ("cpu", 512, 64, ("xla", "xla")),  # no GPU: the einsums
-    ("gpu", 512, 64, ("pallas", "pallas")),  # the small policy's D
-    ("gpu", 896, 1, ("pallas", "pallas")),  # the 0.5B shape's D
-    ("gpu", 896, 65, ("xla", "xla")),  # over AUTO_MAX_ROWS
-    ("gpu", 1536, 64, ("pallas", "xla")),  # the 1.5B shape's D: over AUTO_DOWN_MAX_D, the down projection stays XLA
-    ("gpu", 520, 64, ("xla", "xla")),  # D not a multiple of 16
-])
-def test_auto_resolution(monkeypatch, backend, hidden, rows, want):
-  """decode_mlp / decode_down 'auto': the Pallas kernels on a GPU, up to AUTO_MAX_ROWS rows and (down) D <=
-  AUTO_DOWN_MAX_D, where their shape rules hold; else XLA."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
-  cfg = get_preset("tiny", hidden_size=hidden, intermediate_size=64)
-  assert (cfg.decode_mlp, cfg.decode_down) == ("auto", "auto")  # the defaults
-  mlp = model_lib.MLP(cfg, rngs=nnx.Rngs(0))
-  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
-  assert mlp._decode_impls(rows) == want  # pylint: disable=protected-access
-  explicit = model_lib.MLP(cfg.replace(decode_mlp="xla", decode_down="pallas"), rngs=nnx.Rngs(0))
-  assert explicit._decode_impls(rows) == ("xla", "pallas")  # pylint: disable=protected-access
 
 
 def _on_gpu(compute):

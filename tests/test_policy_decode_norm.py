@@ -1,8 +1,9 @@
-"""ModelConfig.decode_norm 'fold' and 'inside': the decode step's RMSNorms applied inside the q/k/v and SwiGLU
-kernels as 1/rms on their products, the norm's scale folded into their weights (RMSNorm.fold). 1/rms comes from
-XLA ('fold': RMSNorm.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside': `rms_eps`). Against the
-normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the CPU), the sampler end to end,
-and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu)."""
+"""DecodeConfig.norm 'fold' and 'inside': the decode step's RMSNorms applied inside the q/k/v and SwiGLU
+kernels as 1/rms on their products, the norm's scale folded into a copy of their weights (decode/step.py:
+fold). 1/rms comes from XLA ('fold': step.inv_rms, the kernels' `inv_rms_B`) or from the kernels ('inside':
+`rms_eps`). Against the normed input in interpret mode on the CPU, lowered to Triton for a GPU target (on the CPU),
+and compiled by Triton on the GPU (marker gpu; JAX_PLATFORMS=cuda,cpu); the sampler end to end with them:
+tests/test_policy_decode_step.py."""
 
 import functools
 
@@ -12,11 +13,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kevin_jax.policy import Qwen2, get_preset
-from kevin_jax.policy.decode_mlp import swiglu_front
-from kevin_jax.policy.decode_qkv import qkv_rope_cache
+from kevin_jax.policy import get_preset
+from kevin_jax.policy.decode.mlp import swiglu_front
+from kevin_jax.policy.decode.qkv import qkv_rope_cache
+from kevin_jax.policy.decode import step as step_lib
 from kevin_jax.policy.model import RMSNorm
-from kevin_jax.policy.sampler import Sampler, SamplerConfig
 from tests import test_policy_decode_qkv as qkv_tests
 
 
@@ -39,19 +40,19 @@ def test_inv_rms_and_fold():
   norm = _norm(64)
   x = jnp.asarray(rng.standard_normal((5, 64)) * 3, jnp.float32)
   w = jnp.asarray(rng.standard_normal((64, 3, 8)), jnp.float32)
-  r = norm.inv_rms(x)
+  r = step_lib.inv_rms(norm, x)
   assert r.shape == (5,) and r.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(r), 1 / np.sqrt(np.mean(np.asarray(x, np.float64) ** 2, -1) + 1e-6),
                              rtol=1e-6)
-  got = np.asarray(r)[:, None, None] * np.einsum("bd,dnh->bnh", np.asarray(x), np.asarray(norm.fold(w, jnp.float32)))
+  got = np.asarray(r)[:, None, None] * np.einsum("bd,dnh->bnh", np.asarray(x), np.asarray(step_lib.fold(norm, w).astype(jnp.float32)))
   want = np.einsum("bd,dnh->bnh", _reference_norm(x, norm.scale[...]), np.asarray(w, np.float64))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  assert norm.fold(w, jnp.bfloat16).dtype == jnp.bfloat16
+  assert step_lib.fold(norm, w).astype(jnp.bfloat16).dtype == jnp.bfloat16
 
 
 def _rms_args(mode, norm, x):
   """The kernels' (inv_rms_B, rms_eps) for decode_norm `mode`."""
-  return (norm.inv_rms(x), None) if mode == "fold" else (None, norm.eps)
+  return (step_lib.inv_rms(norm, x), None) if mode == "fold" else (None, norm.eps)
 
 
 @pytest.mark.parametrize("mode", ["fold", "inside"])
@@ -61,7 +62,7 @@ def test_qkv_fold_matches_normed_input_fp32(b, d, n, kh, h, block_m, mode):
   (float64 reference of the normed x, interpret mode, fp32)."""
   x, weights, cos, sin, caches, slot = qkv_tests._case(b, d, n, kh, h, 40, jnp.float32)  # pylint: disable=protected-access
   norm = _norm(d, seed=2)
-  folded = [norm.fold(w, jnp.float32) for w in weights[:3]]
+  folded = [step_lib.fold(norm, w).astype(jnp.float32) for w in weights[:3]]
   r, eps = _rms_args(mode, norm, x)
   got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, r, rms_eps=eps, block_m=block_m,
                        interpret=True)
@@ -79,7 +80,7 @@ def test_swiglu_fold_matches_normed_input_fp32(b, mode):
   wg, wu = (jnp.asarray(rng.standard_normal((d, f)) * d ** -0.5, jnp.float32) for _ in range(2))
   norm = _norm(d, seed=4)
   r, eps = _rms_args(mode, norm, x)
-  got = swiglu_front(x, norm.fold(wg, jnp.float32), norm.fold(wu, jnp.float32), r, rms_eps=eps, block_n=32,
+  got = swiglu_front(x, step_lib.fold(norm, wg).astype(jnp.float32), step_lib.fold(norm, wu).astype(jnp.float32), r, rms_eps=eps, block_n=32,
                      interpret=True)
   xn = _reference_norm(x, norm.scale[...])
   g = xn @ np.asarray(wg, np.float64)
@@ -122,94 +123,6 @@ def test_fold_lowers_to_triton(mode):
   assert f"output_tuple_indices = [2], operand_index = {first + 1}" in text
 
 
-def _random_norms(model: Qwen2, seed: int) -> None:
-  """Every RMSNorm's scale redrawn around 1 (the init is all ones, where folding changes nothing)."""
-  rng = np.random.default_rng(seed)
-  for norm in [m for layer in model.layers for m in (layer.input_norm, layer.post_attn_norm)] + [model.final_norm]:
-    norm.scale[...] = jnp.asarray(rng.normal(1.0, 0.3, norm.scale[...].shape), norm.scale[...].dtype)
-
-
-def _generate(decode_norm: str, **kw):
-  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", head_dim=32, decode_qkv="interpret",
-                   decode_mlp="interpret", decode_norm=decode_norm, **kw)
-  model = Qwen2(cfg, rngs=nnx.Rngs(3))
-  _random_norms(model, 5)
-  sampler = Sampler(cfg, None, SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype="float32"))
-  prompts = [[5, 9, 11], list(range(20, 60))] + [list(range(7 + i, 7 + 3 * i)) for i in range(1, 15)]
-  return sampler.generate(model, prompts, seed=0, max_new_tokens=16, temperature=0.0, eos_ids=[])
-
-
-@pytest.mark.parametrize("mode", ["fold", "inside"])
-def test_sampler_fold_same_tokens_and_logprobs(mode):
-  """Greedy decoding of a random tiny fp32 model with random norm scales: decode_norm 'fold' and 'inside' give the
-  tokens of 'xla' and log-probs within 1e-4 (all with the q/k/v and SwiGLU kernels in interpret mode)."""
-  xla, fold = _generate("xla"), _generate(mode)
-  assert xla.tokens == fold.tokens
-  for a, b in zip(xla.logprobs, fold.logprobs):
-    np.testing.assert_allclose(a, b, atol=1e-4)
-
-
-def test_fold_decode_norms_keeps_the_function():
-  """Qwen2.fold_decode_norms (in place, as the sampler does inside its jitted decode loop): fp32 logits equal the
-  unfolded model's within 1e-5, the folded norms' scales are one, and RMSNorm.fold no longer scales."""
-  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32")
-  model = Qwen2(cfg, rngs=nnx.Rngs(3))
-  _random_norms(model, 5)
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12)))
-  positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
-  want = np.asarray(model(tokens, positions)[0])
-  graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def folded_logits(state):
-    m = nnx.merge(graphdef, state)
-    m.fold_decode_norms()
-    w = jnp.ones((cfg.hidden_size, 3))
-    return m(tokens, positions)[0], m.layers[0].input_norm.scale[...], m.layers[0].post_attn_norm.fold(w, w.dtype)
-
-  got, scale, w = folded_logits(state)
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-  assert np.all(np.asarray(scale) == 1) and np.all(np.asarray(w) == 1)
-  assert not model.layers[0].input_norm.folded  # the caller's model is untouched
-  np.testing.assert_array_equal(np.asarray(model(tokens, positions)[0]), want)
-
-
-def test_fold_decode_norms_only_where_a_kernel_runs():
-  """With a row count, only the norms whose Pallas kernel runs at that batch are folded: here the SwiGLU kernel
-  ('interpret') but not the q/k/v one ('xla'), and at 8 rows (under the q/k/v kernel's 16) as at 16."""
-  cfg = get_preset("tiny", param_dtype="float32", compute_dtype="float32", decode_qkv="xla", decode_mlp="interpret",
-                   decode_norm="inside")
-  model = Qwen2(cfg, rngs=nnx.Rngs(3))
-  _random_norms(model, 5)
-  q_before, g_before = model.layers[0].attn.q_kernel[...], model.layers[0].mlp.gate_kernel[...]
-  model.fold_decode_norms(16)
-  layer = model.layers[0]
-  assert not layer.input_norm.folded and layer.post_attn_norm.folded
-  np.testing.assert_array_equal(np.asarray(layer.attn.q_kernel[...]), np.asarray(q_before))
-  assert not np.array_equal(np.asarray(layer.mlp.gate_kernel[...]), np.asarray(g_before))
-  assert np.all(np.asarray(layer.post_attn_norm.scale[...]) == 1)
-  assert not np.all(np.asarray(layer.input_norm.scale[...]) == 1)
-
-
-@pytest.mark.parametrize("backend,overrides,want", [
-    ("cpu", {}, "xla"), ("gpu", {}, "inside"), ("gpu", {"hidden_size": 1024}, "inside"),
-    ("gpu", {"hidden_size": 1536}, "xla"),  # over AUTO_NORM_MAX_D: no gain at the 1.5B shape
-    ("gpu", {"decode_norm": "xla"}, "xla"), ("cpu", {"decode_norm": "fold"}, "fold"),
-    ("cpu", {"decode_norm": "inside"}, "inside")])
-def test_auto_resolution(monkeypatch, backend, overrides, want):
-  """decode_norm 'auto' (the default): 'inside' on a GPU up to model.AUTO_NORM_MAX_D, else 'xla'; explicit values
-  stay as they are."""
-  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
-  assert get_preset("tiny").decode_norm == "auto" and model_lib.AUTO_NORM_MAX_D == 1024
-  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
-  assert model_lib.decode_norm_impl(get_preset("tiny", **overrides)) == want
-
-
-def test_bad_config_value():
-  with pytest.raises(ValueError, match="decode_norm"):
-    get_preset("tiny", decode_norm="pallas")
-
-
 def _max_err(got, want):
   return max(float(np.max(np.abs(np.asarray(g, np.float64) - w))) for g, w in zip(got, want))
 
@@ -230,13 +143,13 @@ def test_fold_kernels_on_gpu(dtype, mode):
     x, weights, cos, sin, caches, slot = qkv_tests._case(64, 896, 14, 2, 64, 2048, dt)  # pylint: disable=protected-access
     norm = _norm(896, seed=6, dtype="float32")
     xn = _reference_norm(x, norm.scale[...])
-    folded = [norm.fold(w, dt) for w in weights[:3]]
+    folded = [step_lib.fold(norm, w).astype(dt) for w in weights[:3]]
     r, eps = _rms_args(mode, norm, x)
     got = qkv_rope_cache(x, *folded, *weights[3:], cos, sin, *caches, slot, r, rms_eps=eps)
     base = qkv_rope_cache(jnp.asarray(xn, dt), *weights, cos, sin, *caches, slot)
     rng = np.random.default_rng(7)
     wg, wu = (jnp.asarray(rng.standard_normal((896, 4864)) * 896 ** -0.5, dt) for _ in range(2))
-    front = swiglu_front(x, norm.fold(wg, dt), norm.fold(wu, dt), r, rms_eps=eps)
+    front = swiglu_front(x, step_lib.fold(norm, wg).astype(dt), step_lib.fold(norm, wu).astype(dt), r, rms_eps=eps)
     front_base = swiglu_front(jnp.asarray(xn, dt), wg, wu)
   want = qkv_tests._reference(xn, weights, cos, sin, caches, slot)  # pylint: disable=protected-access
   g = xn @ np.asarray(wg, np.float64)

@@ -1,6 +1,6 @@
-"""The decode step's output projection with the residual add (policy/decode_oproj.py, ModelConfig.decode_out) against
+"""The decode step's output projection with the residual add (policy/decode/oproj.py, DecodeConfig.out) against
 a float64 reference: in interpret mode on the CPU, lowered to Triton IR for the GPU on the CPU, compiled by Triton
-on the GPU (marker gpu); and the sampler end to end with it, alone and with every decode kernel at once."""
+on the GPU (marker gpu). The sampler end to end with it: tests/test_policy_decode_step.py."""
 
 import functools
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from kevin_jax.policy import get_preset
-from kevin_jax.policy.decode_oproj import out_proj_residual, supported
-from tests.test_common import assert_sampler_same_with_kernel
+from kevin_jax.policy.decode.oproj import out_proj_residual, supported
 
 
 def _case(b, n, hd, d, dtype, seed=0):
@@ -81,62 +80,6 @@ def test_lowers_to_triton():
   fn = functools.partial(out_proj_residual, groups=7)
   text = jax.jit(fn).trace(padded, *args[1:]).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1
-
-
-def test_sampler_same_tokens_with_the_kernel():
-  """decode_out alone (interpret), the MLP's front XLA's."""
-  assert_sampler_same_with_kernel("decode_out", max_new_tokens=30)
-
-
-def test_sampler_same_tokens_with_the_mlp_front_kernel():
-  """decode_out with the MLP's Pallas front (both interpret): the residual stream the kernel stores is normed by
-  XLA before the front."""
-  assert_sampler_same_with_kernel("decode_out", max_new_tokens=30, decode_mlp="interpret")
-
-
-def test_sampler_same_tokens_with_every_decode_kernel():
-  """All the decode kernels at once (interpret), 16 rows, against all of them 'xla'."""
-  assert_sampler_same_with_kernel(("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out"),
-                                  max_new_tokens=20, batch_size=16, head_dim=32)
-
-
-@pytest.mark.usefixtures("fresh_jit_caches")
-def test_sampler_same_tokens_with_one_split_attention(monkeypatch):
-  """Every decode kernel (interpret) with the attention in one split: it returns its padded output as written and
-  the o projection kernel reads that layout (the path the other sampler tests, with 2 splits, do not take)."""
-  from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
-  calls, kernel = [], attn_lib.decode_attention
-
-  def one_split(*args, **kw):
-    calls.append(kw.get("padded"))
-    return kernel(*args, num_splits=1, **kw)
-
-  monkeypatch.setattr(attn_lib, "decode_attention", one_split)
-  assert_sampler_same_with_kernel(("decode_attention", "decode_mlp", "decode_down", "decode_qkv", "decode_out"),
-                                  max_new_tokens=20, batch_size=16, head_dim=32)
-  assert True in calls  # the padded path ran (the 'interpret' pass)
-
-
-def test_bad_config_value():
-  with pytest.raises(ValueError, match="decode_out"):
-    get_preset("tiny", decode_out="triton")
-
-
-@pytest.mark.parametrize("backend,rows,overrides,want", [
-    ("cpu", 64, {}, "xla"), ("gpu", 64, {}, "pallas"), ("gpu", 16, {}, "pallas"),
-    ("gpu", 65, {}, "xla"),  # over MAX_ROWS
-    ("gpu", 8, {}, "xla"),  # the q/k/v kernel takes multiples of 16 rows: no norm inside it
-    ("gpu", 64, {"decode_norm": "xla"}, "xla"), ("gpu", 64, {"decode_norm": "fold"}, "pallas"),
-    ("gpu", 64, {"decode_qkv": "xla"}, "xla"), ("gpu", 64, {"hidden_size": 1536}, "xla"),  # decode_norm 'auto': xla
-    ("gpu", 64, {"decode_out": "xla"}, "xla"), ("cpu", 64, {"decode_out": "pallas"}, "pallas")])
-def test_auto_resolution(monkeypatch, backend, rows, overrides, want):
-  """decode_out 'auto' (the default): the kernel on a GPU up to MAX_ROWS rows, only where the q/k/v kernel runs
-  and decode_norm resolves to 'fold' or 'inside' (alone the kernel made the step slower)."""
-  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
-  assert get_preset("tiny").decode_out == "auto"
-  cfg = get_preset("tiny", head_dim=32, **overrides)  # head_dim 32: the q/k/v kernel's shape rule holds
-  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
-  assert model_lib._decode_out_impl(cfg, rows) == want  # pylint: disable=protected-access
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The decode step's fused q/k/v kernel (policy/decode_qkv.py: input RMSNorm, projection, biases, RoPE, cache
+"""The decode step's fused q/k/v kernel (policy/decode/qkv.py: input RMSNorm, projection, biases, RoPE, cache
 write, q padded for decode_attention) against a float64 NumPy reference: in interpret mode on the CPU, lowered to
 Triton IR for the GPU (on the CPU, no GPU needed), and compiled by Triton on the GPU (marker gpu;
 JAX_PLATFORMS=cuda,cpu)."""
@@ -10,13 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy import decode_attention
-from kevin_jax.policy import decode_qkv
+from kevin_jax.policy.decode import attention as decode_attention
+from kevin_jax.policy.decode import qkv as decode_qkv
 from kevin_jax.policy import get_preset
-from kevin_jax.policy.decode_attention import SlotRanges, padded_rows
-from kevin_jax.policy.decode_qkv import qkv_rope_cache, split_block, supported
+from kevin_jax.policy.decode.attention import SlotRanges, padded_rows
+from kevin_jax.policy.decode.qkv import qkv_rope_cache, split_block, supported
 from kevin_jax.policy.model import apply_rope, rope_cos_sin
-from tests.test_common import assert_sampler_same_with_kernel
 
 
 def _case(b, d, n, kh, h, s, dtype, seed=0):
@@ -122,18 +121,6 @@ def test_lowers_to_triton(preset):
   assert aliases == [("1", "10"), ("2", "11")]  # outputs 1, 2 (k, v caches) are operands 10, 11
 
 
-def test_sampler_same_tokens_with_the_kernel():
-  """Greedy decoding of a random tiny model (32-wide heads, 16 rows): the fused kernel (interpret) and the XLA
-  path agree; decode attention is the masked einsum (q's padding rows sliced off)."""
-  assert_sampler_same_with_kernel("decode_qkv", max_new_tokens=24, batch_size=16, head_dim=32)
-
-
-def test_sampler_same_tokens_with_the_kernel_and_pallas_attention():
-  """The same with the Pallas decode attention (interpret) in both runs: it reads decode_qkv's padded q as is."""
-  assert_sampler_same_with_kernel("decode_qkv", max_new_tokens=24, batch_size=16, head_dim=32,
-                                  decode_attention="interpret")
-
-
 def _lowered_grid_and_aliases(*args, **kw):
   text = jax.jit(qkv_rope_cache, static_argnames=("prefetch_splits", "prefetch_blocks")).trace(
       *args, **kw).lower(lowering_platforms=("cuda",)).as_text()
@@ -177,46 +164,6 @@ def test_split_block_is_the_attention_splits_share():
       for u in range(3):
         want = blocks[min(s * per + u, len(blocks) - 1)]
         assert int(split_block(plen, glen, s, u, splits, bk, gen_start)) == want, (plen, glen, splits, s, u)
-
-
-def test_sampler_same_tokens_with_the_prefetch(monkeypatch):
-  """The sampler with the q/k/v kernel's prefetch on (2 blocks per split) and the Pallas attention (interpret):
-  the same tokens as the XLA path; the model passed the prefetch its slot ranges and the attention's split count."""
-  seen = []
-  orig = decode_qkv.qkv_rope_cache
-
-  def with_prefetch(*args, **kw):
-    seen.append((kw.get("prefetch_ranges") is not None, kw.get("prefetch_splits")))
-    return orig(*args, **kw, prefetch_blocks=2)
-
-  monkeypatch.setattr(decode_qkv, "qkv_rope_cache", with_prefetch)
-  jax.clear_caches()  # the sampler's decode loop may be compiled already (an earlier test): trace it again
-  assert_sampler_same_with_kernel("decode_qkv", max_new_tokens=24, batch_size=16, head_dim=32,
-                                  decode_attention="interpret")
-  assert seen and all(s == (True, decode_attention.default_splits(16, 2, 64 + 64)) for s in seen), seen
-
-
-def test_bad_config_value():
-  with pytest.raises(ValueError, match="decode_qkv"):
-    get_preset("tiny", decode_qkv="triton")
-
-
-@pytest.mark.parametrize("backend,rows,head_dim,want", [
-    ("cpu", 64, 64, "xla"),  # no GPU: the einsums
-    ("gpu", 64, 64, "pallas"),
-    ("gpu", 16, 64, "pallas"),
-    ("gpu", 128, 64, "xla"),  # over MAX_ROWS
-    ("gpu", 8, 64, "xla"),  # fewer than 16 rows
-    ("gpu", 64, 16, "xla"),  # half a head narrower than one tile
-])
-def test_auto_resolution(monkeypatch, backend, rows, head_dim, want):
-  """decode_qkv 'auto' (the default): the kernel on a GPU up to MAX_ROWS rows where its shape rules hold."""
-  from kevin_jax.policy import model as model_lib  # pylint: disable=g-import-not-at-top
-  cfg = get_preset("tiny", head_dim=head_dim)
-  assert cfg.decode_qkv == "auto"
-  monkeypatch.setattr(model_lib.jax, "default_backend", lambda: backend)
-  assert model_lib._decode_qkv_impl(cfg, rows) == want  # pylint: disable=protected-access
-  assert model_lib._decode_qkv_impl(cfg.replace(decode_qkv="xla"), rows) == "xla"  # pylint: disable=protected-access
 
 
 @pytest.mark.gpu

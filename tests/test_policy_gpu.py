@@ -4,15 +4,13 @@
 - the bf16 sampler on the GPU decodes what a float32 reference forward pass predicts;
 - the GPU sampler's greedy tokens equal transformers' generate on the same (float32) checkpoint;
   both sampler tests run with the decode step's down projection as XLA's einsum and as the split Pallas kernel
-  (ModelConfig.decode_down).
+  (DecodeConfig.down).
 - the Pallas decode-attention kernel, compiled by Triton, equals the masked einsum (fp32 and bf16 caches; split
   or not);
-- the fused decode q/k/v kernel (ModelConfig.decode_qkv), the residual add + norm kernel (decode_add_norm) and the
-  o projection kernel on the one-split attention's padded output (decode_out) in the sampler: the XLA path's greedy
-  tokens in fp32, a float32 forward pass's log-probs in bf16.
+- the fused decode q/k/v kernel (DecodeConfig.qkv) and the o projection kernel on the one-split attention's
+  padded output (DecodeConfig.out) in the sampler: the XLA path's greedy tokens in fp32, a float32 forward pass's
+  log-probs in bf16 (tests/test_policy_decode_step.py compares every plan in fp32).
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +19,7 @@ import pytest
 from flax import nnx
 
 from kevin_jax.policy import Qwen2, get_preset, load_pretrained
+from kevin_jax.policy.decode.plan import DecodeConfig
 from kevin_jax.policy.sampler import Sampler, SamplerConfig
 from tests.test_common import make_hf_qwen2
 
@@ -52,7 +51,7 @@ def test_cudnn_attention_matches_xla_bf16():
     r = jnp.asarray(np.random.RandomState(1).randn(b, t, cfg.hidden_size), jnp.float32)
 
     def loss(m):
-      h = m.hidden(tokens, positions, mask)
+      h = m.hidden(tokens, positions, mask)[0]
       return jnp.sum(jnp.where(mask[..., None], h.astype(jnp.float32) * r, 0.0)) / 1e3, h
 
     (l_x, h_x), g_x = nnx.value_and_grad(loss, has_aux=True)(xla)
@@ -70,10 +69,11 @@ def test_bf16_sampler_on_gpu_matches_fp32_forward(tmp_path, decode_down):
   dev = _gpu()
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)
   with jax.default_device(dev):
-    model = load_pretrained(tmp_path, dtype="bfloat16", compute_dtype="bfloat16", decode_down=decode_down)
+    model = load_pretrained(tmp_path, dtype="bfloat16", compute_dtype="bfloat16")
     ref = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32")
     prompts = [list(range(3, 3 + n)) for n in (5, 40, 17)]
-    sampler = Sampler(model.cfg, None, SamplerConfig(batch_size=4, prompt_buckets=(64,)))
+    sampler = Sampler(model.cfg, None, SamplerConfig(batch_size=4, prompt_buckets=(64,),
+                                                  decode=DecodeConfig(down=decode_down)))
     out = sampler.generate(model, prompts, seed=0, temperature=1.0, max_new_tokens=32)
     with jax.default_matmul_precision("highest"):
       for p, toks, lp in zip(prompts, out.tokens, out.logprobs):
@@ -92,8 +92,9 @@ def test_greedy_on_gpu_equals_transformers(tmp_path, decode_down):
   hf = make_hf_qwen2(tmp_path, tie=False, num_heads=4, num_kv_heads=2, hidden_size=64, vocab_size=256)
   prompts = [list(np.random.RandomState(n).randint(0, 256, n)) for n in (5, 11, 3, 8)]
   with jax.default_device(dev), jax.default_matmul_precision("highest"):
-    model = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32", decode_down=decode_down)
-    cfg = SamplerConfig(batch_size=4, prompt_buckets=(16,), kv_cache_dtype="float32")
+    model = load_pretrained(tmp_path, dtype="float32", compute_dtype="float32")
+    cfg = SamplerConfig(batch_size=4, prompt_buckets=(16,), kv_cache_dtype="float32",
+                        decode=DecodeConfig(down=decode_down))
     out = Sampler(model.cfg, None, cfg).generate(model, prompts, seed=0, temperature=0.0, max_new_tokens=64)
   for p, toks in zip(prompts, out.tokens):
     with torch.no_grad():
@@ -102,15 +103,14 @@ def test_greedy_on_gpu_equals_transformers(tmp_path, decode_down):
     assert toks == ref
 
 
-@pytest.mark.parametrize("balance,merge,splits", [(False, "reduce", 0), (True, "reduce", 0), (True, "unrolled", 0),
-                                                  (False, "reduce", 1)])
+@pytest.mark.parametrize("balance,splits", [(False, 0), (True, 0), (False, 1)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge, splits):
+def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, splits):
   """The Triton-compiled kernel (not interpret mode) on a Qwen2.5-0.5B-shaped cache with ragged prompts, its
-  splits over fixed slot ranges or balanced over each row's visible blocks, merged either way; and one split,
+  splits over fixed slot ranges or balanced over each row's visible blocks; and one split,
   which writes its output itself."""
-  from kevin_jax.policy.decode_attention import SlotRanges, decode_attention  # pylint: disable=g-import-not-at-top
-  from kevin_jax.policy.model import _decode_attend  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.decode.attention import SlotRanges, decode_attention  # pylint: disable=g-import-not-at-top
+  from kevin_jax.policy.model import decode_attend  # pylint: disable=g-import-not-at-top
   dev = _gpu()
   b, k, g, h, p, n = 16, 2, 7, 64, 1024, 1024
   rng = np.random.default_rng(0)
@@ -120,37 +120,35 @@ def test_pallas_decode_attention_matches_einsum_on_gpu(dtype, balance, merge, sp
     vc = jnp.asarray(rng.standard_normal((b, k, p + n, h)), dtype)
     ranges = SlotRanges(prompt_len_B=jnp.asarray(rng.integers(1, p + 1, b), jnp.int32), gen_len=jnp.int32(333),
                         gen_start=p)
-    got = np.asarray(decode_attention(q, kc, vc, ranges, balance=balance, merge=merge, num_splits=splits),
+    got = np.asarray(decode_attention(q, kc, vc, ranges, balance=balance, num_splits=splits),
                      np.float32)
     with jax.default_matmul_precision("highest"):
-      want = np.asarray(_decode_attend(q.astype(jnp.float32), kc.astype(jnp.float32), vc.astype(jnp.float32),
+      want = np.asarray(decode_attend(q.astype(jnp.float32), kc.astype(jnp.float32), vc.astype(jnp.float32),
                                        ranges.mask(p + n), True), np.float32)
   tol = 2e-5 if dtype == "float32" else 2e-2
   np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("field", ["decode_qkv", "decode_add_norm", "decode_out"])
+@pytest.mark.parametrize("field", ["qkv", "out"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, request, dtype, field):
-  """ModelConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
-  q/k/v kernel's smallest batch): decode_qkv (the fused q/k/v projection, RoPE and cache write) and decode_add_norm
-  (the residual add after the MLP + the next norm; the q/k/v kernel 'auto', so on), decode_out (the o projection
-  + residual kernel; q/k/v 'auto'; the attention in one split, so the kernel reads its padded output). The greedy
-  tokens of the XLA
-  path in fp32; in bf16 the log-probs of a float32 forward pass, as test_bf16_sampler_on_gpu_matches_fp32_forward."""
+def test_decode_kernel_sampler_on_gpu(tmp_path, monkeypatch, dtype, field):
+  """DecodeConfig.<field>='pallas' against 'xla', compiled by Triton, with the Pallas decode attention, 16 rows (the
+  q/k/v kernel's smallest batch): qkv (the fused q/k/v projection, RoPE and cache write), out (the o projection
+  + residual kernel; q/k/v 'auto'; the attention in one split (a device of 8 SMs), so the kernel reads its padded
+  output). The greedy tokens of the XLA path in fp32; in bf16 the log-probs of a float32 forward pass, as
+  test_bf16_sampler_on_gpu_matches_fp32_forward."""
+  from kevin_jax.policy.decode import plan as plan_lib  # pylint: disable=g-import-not-at-top
   dev = _gpu()
-  if field == "decode_out":
-    from kevin_jax.policy import decode_attention as attn_lib  # pylint: disable=g-import-not-at-top
-    monkeypatch.setattr(attn_lib, "decode_attention", functools.partial(attn_lib.decode_attention, num_splits=1))
-    request.getfixturevalue("fresh_jit_caches")  # no decode loop compiled with the unpatched kernel is reused
+  if field == "out":
+    monkeypatch.setattr(plan_lib.DeviceInfo, "current", classmethod(lambda cls: plan_lib.DeviceInfo("gpu", 8)))
   make_hf_qwen2(tmp_path, tie=True, num_heads=4, num_kv_heads=2, hidden_size=128, vocab_size=512)  # head_dim 32
   prompts = [list(np.random.RandomState(n).randint(0, 512, n)) for n in range(3, 19)]
   outs = {}
   with jax.default_device(dev), jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
     for impl in ("xla", "pallas"):
-      model = load_pretrained(tmp_path, dtype=dtype, compute_dtype=dtype, decode_attention="pallas",
-                              **{field: impl})
-      cfg = SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype=dtype)
+      model = load_pretrained(tmp_path, dtype=dtype, compute_dtype=dtype)
+      cfg = SamplerConfig(batch_size=16, prompt_buckets=(64,), kv_cache_dtype=dtype,
+                          decode=DecodeConfig(attention="pallas", **{field: impl}))
       outs[impl] = Sampler(model.cfg, None, cfg).generate(model, prompts, seed=0, temperature=0.0,
                                                           max_new_tokens=48, eos_ids=[])
     if dtype == "float32":

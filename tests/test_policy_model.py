@@ -45,7 +45,7 @@ def test_right_padding_and_hidden_logits_split(tmp_path):
   tokens = rng.randint(0, 256, (3, t))
   mask = (np.arange(t)[None] < np.array(lengths)[:, None]).astype(np.int32)
   positions = np.broadcast_to(np.arange(t), (3, t))
-  h = model.hidden(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
+  h = model.hidden(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))[0]
   logits = model.logits(h)
   full, _ = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
   np.testing.assert_array_equal(np.asarray(logits), np.asarray(full))

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kevin_jax.policy import sample_stats, sampler
+from kevin_jax.policy import sampling as sampler
+from kevin_jax.policy.decode import sample_stats
 
 NAMES = ("m_raw", "s_raw", "m_masked", "s_scaled")
 

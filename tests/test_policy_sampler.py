@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from kevin_jax import sharding as ksharding
 from kevin_jax.policy import Qwen2, get_preset, load_pretrained
 from kevin_jax.policy import sampler as sampler_lib
+from kevin_jax.policy import sampling
 from kevin_jax.policy.sampler import Sampler, SamplerConfig
 from kevin_jax.policy.tokenizer import load_tokenizer
 from tests.test_common import make_hf_qwen2
@@ -64,7 +65,7 @@ def test_argmax_rows_equals_argmax(v):
   rows += [tail, nan]
   x = jnp.asarray(np.stack(rows), jnp.float32)
   want = np.asarray(jnp.argmax(x, axis=-1))
-  got = np.asarray(jax.jit(sampler_lib.argmax_rows)(x))
+  got = np.asarray(jax.jit(sampling.argmax_rows)(x))
   np.testing.assert_array_equal(got, want)
   assert got.dtype == np.int32 and want[3] == 0 and want[4] == v - 1 and want[5] == v // 3
 
@@ -77,14 +78,14 @@ def test_logsumexp_rows_equals_logsumexp(v):
   tail = rng.randn(v)
   tail[-1] = 80.0
   masked = rng.randn(v) * 5
-  masked[: v // 2] = sampler_lib._NEG  # pylint: disable=protected-access
+  masked[: v // 2] = sampling._NEG  # pylint: disable=protected-access
   holes = rng.randn(v)
   holes[: min(v, 5000)] = -np.inf
   holes[v // 2] = -np.inf
   rows = [rng.randn(v), tail, masked, holes, np.full(v, -np.inf), rng.randn(v) * 1e3 + 3e4]
   x = jnp.asarray(np.stack(rows), jnp.float32)
   want = np.asarray(jax.scipy.special.logsumexp(x, axis=-1))
-  got = np.asarray(jax.jit(sampler_lib.logsumexp_rows)(x))
+  got = np.asarray(jax.jit(sampling.logsumexp_rows)(x))
   assert np.isneginf(want[4]) and np.isneginf(got[4])
   np.testing.assert_allclose(got[:4], want[:4], rtol=2e-6, atol=2e-6)
   np.testing.assert_allclose(got[5], want[5], rtol=1e-6)
@@ -102,7 +103,7 @@ def test_sample_logits_logprobs_equal_log_softmax(valid_vocab, top_k):
   logits = rng.randn(6, v).astype(np.float32) * 3
   logits[:, valid_vocab:] += 20.0  # masked columns that would dominate if the mask were lost
   keys = jax.random.split(jax.random.PRNGKey(0), 6)
-  fn = jax.jit(lambda x, k: sampler_lib.sample_logits(x, k, jnp.float32(t), jnp.float32(1.0), top_k=top_k,
+  fn = jax.jit(lambda x, k: sampling.sample_logits(x, k, jnp.float32(t), jnp.float32(1.0), top_k=top_k,
                                                       greedy=False, use_top_p=False, valid_vocab=valid_vocab))
   tok, raw, samp = (np.asarray(a) for a in fn(jnp.asarray(logits), keys))
   assert np.all(tok < valid_vocab)
@@ -111,10 +112,10 @@ def test_sample_logits_logprobs_equal_log_softmax(valid_vocab, top_k):
     return z - m - np.log(np.sum(np.exp(z - m), 1, keepdims=True))
 
   x = logits.astype(np.float64)
-  scaled = np.where(np.arange(v)[None] < valid_vocab, x, sampler_lib._NEG) / t  # pylint: disable=protected-access
+  scaled = np.where(np.arange(v)[None] < valid_vocab, x, sampling._NEG) / t  # pylint: disable=protected-access
   if top_k:
     kth = -np.sort(-scaled, axis=1)[:, top_k - 1:top_k]
-    scaled = np.where(scaled >= kth, scaled, sampler_lib._NEG)  # pylint: disable=protected-access
+    scaled = np.where(scaled >= kth, scaled, sampling._NEG)  # pylint: disable=protected-access
   rows = np.arange(6)
   np.testing.assert_allclose(raw, log_softmax(x)[rows, tok], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(samp, log_softmax(scaled)[rows, tok], rtol=1e-5, atol=1e-5)
@@ -152,9 +153,9 @@ def test_gumbel_sample_rows_draws_from_softmax(chunks):
   v, n = 800, 40_000
   rng = np.random.RandomState(chunks)
   x = rng.randn(v) * 2.0
-  x[::7] = sampler_lib._NEG  # pylint: disable=protected-access
+  x[::7] = sampling._NEG  # pylint: disable=protected-access
   keys = jax.random.split(jax.random.PRNGKey(chunks), n)
-  draw = jax.jit(lambda k: sampler_lib.gumbel_sample_rows(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (n, v)), k,
+  draw = jax.jit(lambda k: sampling.gumbel_sample_rows(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (n, v)), k,
                                                           chunks))
   tokens = np.asarray(draw(keys))
   assert tokens.dtype == np.int32 and tokens.min() >= 0 and tokens.max() < v
@@ -228,27 +229,6 @@ def test_compiled_once_per_bucket_and_weights_are_arguments(hf_ckpt, prompts):
   count = sampler_lib.TRACE_COUNT["generate"]
   sampler.generate(model, prompts, seed=1, temperature=0.0, max_new_tokens=10)
   assert sampler_lib.TRACE_COUNT["generate"] == count
-
-
-def test_decode_fusion_compiles_the_decode_loop_with_its_options(hf_ckpt, prompts, monkeypatch):
-  """SamplerConfig.decode_fusion picks the decode loop compiled with DECODE_FUSION_OPTIONS (a no-op off a GPU):
-  each sampler calls its own jitted loop, and both give the same tokens and log-probs."""
-  _, path = hf_ckpt
-  model = load_pretrained(path, dtype="float32", compute_dtype="float32")
-  assert not F32.decode_fusion and not SamplerConfig().decode_fusion  # opt-in
-  used = []
-  for fusion in (False, True):
-    jitted = sampler_lib._DECODE[fusion]  # pylint: disable=protected-access
-    monkeypatch.setitem(sampler_lib._DECODE, fusion,  # pylint: disable=protected-access
-                        lambda *a, _f=fusion, _j=jitted, **k: used.append(_f) or _j(*a, **k))
-  out = {}
-  for fusion in (False, True):
-    sampler = Sampler(model.cfg, None, dataclasses.replace(F32, decode_fusion=fusion))
-    out[fusion] = sampler.generate(model, prompts, seed=2, temperature=0.8, max_new_tokens=16)
-  assert used == [False, True]
-  assert out[True].tokens == out[False].tokens
-  for a, b in zip(out[True].logprobs, out[False].logprobs):
-    np.testing.assert_array_equal(a, b)
 
 
 def test_deterministic_per_seed_and_independent_of_chunking(hf_ckpt, prompts):

@@ -1,4 +1,5 @@
-"""The Flax NNX Qwen2 policy: model, HF weight loading/export, tokenizer and the KV-cache sampler.
+"""The Flax NNX Qwen2 policy: the reference model, HF weight loading/export, tokenizer and the KV-cache sampler
+(whose decode fast path is policy/decode/).
 
 Light imports: only the config is imported eagerly; the model, weights, sampler and tokenizer modules load on
 first use.

@@ -1,7 +1,8 @@
 """Model configuration of the Qwen2 policy: a frozen dataclass, HF config.json conversion and named presets.
 
 `ModelConfig` holds the architecture (what a Hugging Face `config.json` describes) plus how we run it
-(`param_dtype`, `compute_dtype`, `fp32_upcast`, `remat`, `attention_impl`). Only the architecture fields travel
+(`param_dtype`, `compute_dtype`, `fp32_upcast`, `remat`, the training `attention_impl`); how the sampler decodes
+is its own DecodeConfig (policy/decode/plan.py). Only the architecture fields travel
 to and from `config.json`; the runtime fields are ours.
 
   cfg = ModelConfig.from_hf_config("/ckpts/QwQ-32B")          # a directory, a config.json path or a dict
@@ -13,18 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any, Mapping
 
 _REMAT = ("none", "full", "dots")
 _ATTENTION_IMPLS = ("xla", "cudnn")
-_DECODE_ATTENTION = ("auto", "xla", "pallas", "interpret")
-_DECODE_MLP = ("auto", "xla", "pallas", "interpret")
-_DECODE_DOWN = ("auto", "xla", "pallas", "interpret")
-_DECODE_QKV = ("auto", "xla", "pallas", "interpret")
-_DECODE_OUT = ("auto", "xla", "pallas", "interpret")
-_DECODE_ADD_NORM = ("auto", "xla", "pallas", "interpret")
-_DECODE_NORM = ("auto", "xla", "fold", "inside")
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -52,43 +47,6 @@ class ModelConfig:
       'dots' (save the outputs of matmuls without batch dims: projections, not attention scores).
     attention_impl: multi-token (prefill / training) attention: 'xla' (einsum; any backend, exact fp32) |
       'cudnn' (jax.nn.dot_product_attention flash kernel; GPU, bf16/fp16 only).
-    decode_attention: one-token decode attention over the KV cache: 'auto' (the Pallas kernel of
-      policy/decode_attention.py on a GPU when its shape rules hold, else 'xla') | 'xla' (masked einsum over
-      every cache slot) | 'pallas' | 'interpret' (the Pallas kernel in interpret mode: CPU tests).
-    decode_mlp: the MLP's silu(x W_gate) * (x W_up) in a one-token decode step: 'auto' (the fused Pallas kernel
-      of policy/decode_mlp.py on a GPU when its shape rules hold and the batch is at most
-      decode_mlp.AUTO_MAX_ROWS, else 'xla') | 'xla' (two einsums and an elementwise kernel) | 'pallas' |
-      'interpret' (CPU tests). Multi-token calls (prefill, training) always use 'xla'.
-    decode_down: the MLP's down projection in a one-token decode step: 'auto' (decode_mlp.down_proj, split along
-      the intermediate size, on a GPU when the batch is at most decode_mlp.AUTO_MAX_ROWS and the hidden size at
-      most decode_mlp.AUTO_DOWN_MAX_D, else 'xla': +5.1 % decode tokens/s at the 0.5B shape, batch 64,
-      experiments/sampler_kernels) | 'xla' (one einsum) | 'pallas' | 'interpret' (CPU tests).
-    decode_qkv: the front of attention in a one-token decode step (q/k/v projection, biases, RoPE, the k/v cache
-      write; the input RMSNorm as decode_norm says): 'auto' (the default: the one Pallas kernel of
-      policy/decode_qkv.py on a GPU when its shape rules hold and the batch is at most decode_qkv.MAX_ROWS, else
-      'xla'; +3.6 % decode tokens/s at the 0.5B shape, batch 64, experiments/sampler_kernels) | 'xla' (einsums,
-      XLA's fusions and dynamic_update_slice) | 'pallas' | 'interpret' (CPU tests).
-    decode_out: the attention's output projection with the residual add in a one-token decode step: 'auto' (the
-      default: the Pallas kernel of policy/decode_oproj.py on a GPU where its shape rules hold, the batch is at
-      most decode_oproj.MAX_ROWS, the q/k/v kernel runs and decode_norm resolves to 'fold' or 'inside'; else
-      'xla') | 'xla' (einsum and XLA's fusions) | 'pallas' | 'interpret' (CPU tests). The 'auto' rule: with XLA's
-      norms the kernel made the decode step slower (BENCHMARKS.md Sampler), with the norms inside it pays.
-    decode_add_norm: the residual add after the MLP and the next RMSNorm (the next layer's input norm, or the final
-      norm) in a one-token decode step: 'xla' (the default: XLA's fusions) | 'auto' (the one Pallas kernel of
-      policy/decode_add_norm.py, which also sums decode_down's partials, on a GPU when fp32_upcast is on and its
-      shape rule holds, else 'xla') | 'pallas' | 'interpret' (CPU tests). Opt-in: -4.4 % decode tokens/s at the
-      0.5B shape, batch 64 (BENCHMARKS.md Sampler).
-    decode_norm: how a one-token decode step applies the RMSNorms before the q/k/v kernel (decode_qkv) and the
-      SwiGLU kernel (decode_mlp), where those run as Pallas kernels: 'auto' (the default: 'inside' on a GPU where
-      the hidden size is at most model.AUTO_NORM_MAX_D; else 'xla') |
-      'xla' (XLA's norm fusion writes the normed rows, which the kernel reads) | 'fold' (the norm's scale folded
-      into the kernel's weights, rounded once to the compute dtype; XLA computes only each row's fp32 1/rms, which
-      the kernel multiplies its products by, and the kernel reads the raw residual) | 'inside' (as 'fold', but each
-      kernel computes the rows' 1/rms itself, from the Gram matrix of the x slices it loads: no XLA op is left for
-      the norm). Elsewhere (XLA paths, prefill, training) the norm is always XLA's. 'fold' and 'inside' keep a
-      folded copy of the weights of the kernels that run at the decode batch (for the 0.5B shape 0.47 GB in bf16)
-      while the decode loop runs (Qwen2.fold_decode_norms, once before it). With decode_out's kernel both norm
-      fusions of a layer go: +1.9 % decode tokens/s at the 0.5B shape, batch 64 (experiments/sampler_kernels).
   """
 
   vocab_size: int
@@ -107,13 +65,6 @@ class ModelConfig:
   fp32_upcast: bool = True
   remat: str = "none"
   attention_impl: str = "xla"
-  decode_attention: str = "auto"
-  decode_mlp: str = "auto"
-  decode_down: str = "auto"
-  decode_qkv: str = "auto"
-  decode_out: str = "auto"
-  decode_add_norm: str = "xla"
-  decode_norm: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -131,25 +82,6 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.remat must be one of {_REMAT}, got {self.remat!r}")
     if self.attention_impl not in _ATTENTION_IMPLS:
       raise ValueError(f"ModelConfig.attention_impl must be one of {_ATTENTION_IMPLS}, got {self.attention_impl!r}")
-    if self.decode_attention not in _DECODE_ATTENTION:
-      raise ValueError(f"ModelConfig.decode_attention must be one of {_DECODE_ATTENTION}, "
-                       f"got {self.decode_attention!r}")
-    if self.decode_mlp not in _DECODE_MLP:
-      raise ValueError(f"ModelConfig.decode_mlp must be one of {_DECODE_MLP}, got {self.decode_mlp!r}")
-    if self.decode_down not in _DECODE_DOWN:
-      raise ValueError(f"ModelConfig.decode_down must be one of {_DECODE_DOWN}, got {self.decode_down!r}")
-    if self.decode_qkv not in _DECODE_QKV:
-      raise ValueError(f"ModelConfig.decode_qkv must be one of {_DECODE_QKV}, got {self.decode_qkv!r}")
-    if self.decode_out not in _DECODE_OUT:
-      raise ValueError(f"ModelConfig.decode_out must be one of {_DECODE_OUT}, got {self.decode_out!r}")
-    if self.decode_add_norm not in _DECODE_ADD_NORM:
-      raise ValueError(f"ModelConfig.decode_add_norm must be one of {_DECODE_ADD_NORM}, "
-                       f"got {self.decode_add_norm!r}")
-    if self.decode_norm not in _DECODE_NORM:
-      raise ValueError(f"ModelConfig.decode_norm must be one of {_DECODE_NORM}, got {self.decode_norm!r}")
-    if self.decode_add_norm in ("pallas", "interpret") and not self.fp32_upcast:
-      raise ValueError(f"ModelConfig.decode_add_norm={self.decode_add_norm!r} computes the norm in fp32: it needs "
-                       "fp32_upcast=True")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
 
@@ -178,6 +110,16 @@ class ModelConfig:
 
   def replace(self, **changes: Any) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+    """From a saved dict of its fields (dataclasses.asdict). The decode_* fields that older configs held (the decode
+    fast path's switches, now the sampler's DecodeConfig) are dropped with a warning; other unknown keys raise."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    stale = sorted(k for k in d if k not in fields and k.startswith("decode_"))
+    if stale:
+      logging.warning("ModelConfig: ignoring %s (decode settings are the sampler's DecodeConfig now)", stale)
+    return cls(**{k: v for k, v in d.items() if k not in stale})
 
   @classmethod
   def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike, **overrides: Any) -> "ModelConfig":

@@ -1,4 +1,4 @@
-"""The Qwen2 decoder (Qwen2 / Qwen2.5 / QwQ) in Flax NNX.
+"""The Qwen2 decoder (Qwen2 / Qwen2.5 / QwQ) in Flax NNX: the reference forward pass.
 
 Architecture (matches transformers' Qwen2ForCausalLM): token embedding; L decoder layers of
 pre-RMSNorm -> grouped-query attention with q/k/v biases and half-split ("rotate_half") rotary embeddings ->
@@ -10,14 +10,18 @@ Dimension letters (used as shape suffixes, e.g. `h_BxTxD`):
   N query heads    K key/value heads          G = N // K query heads per kv head     H head_dim
   L layers
 
-Entry points:
+Entry points (one forward path; the decode fast path lives in policy/decode/, which only the sampler calls):
   logits_BxTxV, new_cache = model(tokens_BxT, positions_BxT, attn_mask_BxT=None, cache=None, cache_slot=0,
                                   cache_mask_BxS=None)                # new_cache is None without a cache
-  h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)    # final-normed, no cache (training)
+  h_BxTxD, new_cache = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT=None, cache=None, ...,
+                                    scan=False, between_layers=None)  # final-normed
   logits_BxTxV = model.logits(h_BxTxD)                                 # fp32 (when cfg.fp32_upcast)
-  h_BxTxD, new_cache = model.hidden_with_cache(tokens_BxT, positions_BxT, attn_mask_BxT, cache, cache_slot,
-                                               cache_mask_BxS)         # the sampler's prefill / decode step
-`hidden` + `logits` let the learner compute log-probs in sequence chunks without a [B, T, V] buffer.
+`hidden` + `logits` let the learner compute log-probs in sequence chunks without a [B, T, V] buffer. With
+scan=True (no cache) the decoder layers run in a jax.lax.scan over their stacked parameters: remat then
+recomputes one layer at a time in the backward pass (an unrolled loop of checkpointed layers lets XLA schedule
+every recomputation early, so remat saves almost nothing, jax-ml/jax#20763), and compile time stops growing
+with depth; the values equal the unrolled loop's. between_layers(h) (e.g. a sharding constraint) runs after
+every layer in the scan.
 
 Masks and padding: attn_mask_BxT is 1 for real tokens and 0 for padding, with padding on the right. A query
 attends to key j iff position_j <= position_i and attn_mask_j == 1 (causal over positions, so positions must
@@ -30,22 +34,9 @@ makes decode attention a plain batched matmul over (B, K) with no transposes of 
 not positions: keys are rotated by their true positions before they are stored, so a row's tokens may sit
 anywhere. A call with a cache writes its T tokens to slots [cache_slot, cache_slot + T) of every row (one
 dynamic_update_slice: in place, no scatter). With T > 1 it is a prefill into an empty cache and attends within
-the call (causal + attn_mask_BxT). With T == 1 it is a decode step and attends to the slots where
-cache_mask_BxS is true (which must include the slot just written); cache_mask_BxS may also be a
-decode_attention.SlotRanges (visible = [0, prompt_len[b]) and [gen_start, gen_start + gen_len)), which lets
-cfg.decode_attention use the Pallas kernel that reads only those slots. The sampler prefills a right-padded prompt
-bucket of P tokens into slots [0, P) and writes generated token i to slot P + i for all rows, masking each row's
-padding slots [length, P).
-In a decode step the MLP's silu(x W_gate) * (x W_up) may run as one Pallas kernel (cfg.decode_mlp,
-policy/decode_mlp.py), and its down projection as another (cfg.decode_down); the attention's q/k/v projection, RoPE
-and cache write may run as one (cfg.decode_qkv, policy/decode_qkv.py; with the Pallas attention it also loads the
-cache blocks that kernel reads first into L2), and its o projection with the residual add as another
-(cfg.decode_out, policy/decode_oproj.py), and the residual add after the MLP with the next layer's input norm as a
-third (cfg.decode_add_norm, policy/decode_add_norm.py; the next layer then takes that normed input). So Attention
-and MLP take the residual stream and their norm. With cfg.decode_norm 'fold' or 'inside' ('auto', the default, is
-'inside' on a GPU up to AUTO_NORM_MAX_D) the q/k/v and SwiGLU kernels take the raw residual and apply their norm as
-1/rms on their products, the norm's scale folded into their weights (Qwen2.fold_decode_norms, which the sampler runs
-once before its decode loop). Multi-token calls, and so every gradient, use the einsums.
+the call (causal + attn_mask_BxT). With T == 1 it is a decode step and attends to the slots where the boolean
+cache_mask_BxS is true (which must include the slot just written). Multi-token calls, and so every gradient,
+use the einsums.
 
 Sharding metadata: every `nnx.Param` carries its logical axis names as the Variable metadata `out_sharding`
 (Flax 0.12's name for it; `sharding` and `sharding_names` are deprecated aliases), e.g.
@@ -71,19 +62,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kevin_jax.policy import decode_add_norm
-from kevin_jax.policy import decode_attention
-from kevin_jax.policy import decode_mlp
-from kevin_jax.policy import decode_oproj
-from kevin_jax.policy import decode_qkv
 from kevin_jax.policy.config import ModelConfig
-from kevin_jax.policy.decode_attention import SlotRanges
 
 Array = jax.Array
 _INIT_STD = 0.02  # HF initializer_range for Qwen2.
@@ -124,7 +109,6 @@ class RMSNorm(nnx.Module):
     self.eps = cfg.rms_norm_eps
     self.upcast = cfg.fp32_upcast
     self.scale = _param(None, (cfg.hidden_size,), ("embed",), cfg.param_jnp_dtype, "ones")
-    self.folded = False  # True after Qwen2.fold_decode_norms: the scale is one, its values are in the weights
 
   def __call__(self, x_BxTxD: Array) -> Array:
     dtype = jnp.float32 if self.upcast else x_BxTxD.dtype
@@ -133,20 +117,6 @@ class RMSNorm(nnx.Module):
     scale = self.scale[...].astype(dtype).reshape((1,) * (x.ndim - 1) + (-1,))
     y = x * jax.lax.rsqrt(var_BxTx1 + self.eps) * scale
     return y.astype(x_BxTxD.dtype)
-
-  def inv_rms(self, x_BxD: Array) -> Array:
-    """fp32 [B]: 1 / sqrt(mean(x^2) + eps) per row, the norm without its scale (ModelConfig.decode_norm='fold')."""
-    x = x_BxD.astype(jnp.float32)
-    return jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1) + self.eps)
-
-  def fold(self, w_DxN: Array, dtype: Any) -> Array:
-    """w [D, ...] with the norm's scale folded into its input dimension, rounded once to dtype:
-    norm(x) @ w == inv_rms(x) * (x @ fold(w)) up to that rounding. After Qwen2.fold_decode_norms (the scale is
-    already in the weights, and one) w as it is."""
-    if self.folded:
-      return w_DxN.astype(dtype)
-    scale = self.scale[...].astype(jnp.float32).reshape((-1,) + (1,) * (w_DxN.ndim - 1))
-    return (scale * w_DxN.astype(jnp.float32)).astype(dtype)
 
 
 def rope_cos_sin(positions_BxT: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
@@ -177,7 +147,7 @@ def _attend(q_BxTxKxGxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array, allowed_BxTx
   return jnp.einsum("bkgts,bskh->btkgh", p_BxKxGxTxS, v_BxSxKxH.astype(q_BxTxKxGxH.dtype))
 
 
-def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed_BxS: Array, upcast: bool) -> Array:
+def decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed_BxS: Array, upcast: bool) -> Array:
   """One query token per row against the allowed cache slots; returns [B, K, G, H]."""
   scale = q_BxKxGxH.shape[-1] ** -0.5
   sdtype = jnp.float32 if upcast else q_BxKxGxH.dtype
@@ -189,39 +159,15 @@ def _decode_attend(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, allowed
   return o_BxKxGxH.astype(q_BxKxGxH.dtype)
 
 
-def _resolve(impl: str, fits: bool) -> str:
-  """A decode kernel's ModelConfig choice with 'auto' resolved: the kernel on a GPU where it fits, else 'xla'."""
-  if impl == "auto":
-    return "pallas" if fits and jax.default_backend() == "gpu" else "xla"
-  return impl
-
-
-def _ranges_attention_impl(cfg: ModelConfig, num_slots: int, head_dim: int, visible: SlotRanges) -> str:
-  """cfg.decode_attention for a decode step over the sampler's SlotRanges, 'auto' resolved."""
-  return _resolve(cfg.decode_attention, decode_attention.supported(num_slots, visible.gen_start, head_dim))
-
-
-def _decode_step_attention(cfg: ModelConfig, q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array,
-                           visible: Array | SlotRanges, groups: int = 0, padded: bool = False) -> Array:
-  """Decode attention by cfg.decode_attention; `visible` is a [B, S] mask or the sampler's SlotRanges.
-
-  groups > 0: q holds that many real query rows per KV head, then zero rows up to decode_attention's padded
-  count (decode_qkv's layout); returns [B, K, groups, H] either way, or with `padded` possibly [B, K, G_pad, H]
-  (the Pallas kernel with one split; the padding rows meaningless): callers check the shape.
-  """
-  s, h = k_BxKxSxH.shape[2], k_BxKxSxH.shape[3]
-  impl = cfg.decode_attention
-  if isinstance(visible, SlotRanges):
-    impl = _ranges_attention_impl(cfg, s, h, visible)
-    if impl in ("pallas", "interpret"):
-      return decode_attention.decode_attention(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, groups=groups,
-                                               padded=padded and groups > 0, interpret=impl == "interpret")
-    visible = visible.mask(s)
-  elif impl in ("pallas", "interpret"):
-    raise ValueError(f"decode_attention={impl!r} needs the cache visibility as SlotRanges, not a mask")
-  if groups:
-    q_BxKxGxH = q_BxKxGxH[:, :, :groups]
-  return _decode_attend(q_BxKxGxH, k_BxKxSxH, v_BxKxSxH, visible, cfg.fp32_upcast)
+def write_cache(ck_BxKxSxH: Array, cv_BxKxSxH: Array, k_BxTxKxH: Array, v_BxTxKxH: Array,
+                slot: Array | int) -> tuple[Array, Array]:
+  """The caches with this call's T keys and values in slots [slot, slot + T) of every row (in place)."""
+  start = (0, 0, slot, 0)
+  ck_BxKxSxH = jax.lax.dynamic_update_slice(ck_BxKxSxH, k_BxTxKxH.transpose(0, 2, 1, 3).astype(ck_BxKxSxH.dtype),
+                                            start)
+  cv_BxKxSxH = jax.lax.dynamic_update_slice(cv_BxKxSxH, v_BxTxKxH.transpose(0, 2, 1, 3).astype(cv_BxKxSxH.dtype),
+                                            start)
+  return ck_BxKxSxH, cv_BxKxSxH
 
 
 def _wide_out_matmul(spec: str, a: Array, b: Array, out_dtype) -> Array:
@@ -253,45 +199,6 @@ def _bf16_grad_matmul_bwd(spec, out_dtype, res, g):
 _bf16_grad_matmul.defvjp(_bf16_grad_matmul_fwd, _bf16_grad_matmul_bwd)
 
 
-AUTO_NORM_MAX_D = 1024  # ModelConfig.decode_norm='auto' is 'inside' on a GPU up to this hidden size: it pays at
-                        # the 0.5B shape (D = 896; its folded weights take 0.47 GB while decoding), not at the 1.5B
-                        # shape (D = 1,536: 0.999x XLA's norms, BENCHMARKS.md Sampler), so larger ones keep 'xla'.
-
-
-def decode_norm_impl(cfg: ModelConfig) -> str:
-  """cfg.decode_norm with 'auto' resolved: 'inside' on a GPU where the hidden size is at most AUTO_NORM_MAX_D,
-  else 'xla'."""
-  if cfg.decode_norm == "auto":
-    return "inside" if cfg.hidden_size <= AUTO_NORM_MAX_D and jax.default_backend() == "gpu" else "xla"
-  return cfg.decode_norm
-
-
-def _decode_qkv_impl(cfg: ModelConfig, rows: int) -> str:
-  """cfg.decode_qkv for a one-token decode step of `rows` rows, 'auto' resolved."""
-  return _resolve(cfg.decode_qkv, decode_qkv.supported(rows, cfg.hidden_size, cfg.head_dim)
-                  and rows <= decode_qkv.MAX_ROWS)
-
-
-def _decode_out_impl(cfg: ModelConfig, rows: int) -> str:
-  """cfg.decode_out for a one-token decode step of `rows` rows, 'auto' resolved: the kernel only where the q/k/v
-  kernel applies the norm inside (alone it made the step slower; ModelConfig's docstring)."""
-  fits = decode_oproj.supported(cfg.num_heads * cfg.head_dim, cfg.hidden_size) and rows <= decode_oproj.MAX_ROWS
-  return _resolve(cfg.decode_out, fits and decode_norm_impl(cfg) != "xla" and _decode_qkv_impl(cfg, rows) != "xla")
-
-
-def _decode_add_norm_impl(cfg: ModelConfig) -> str:
-  """cfg.decode_add_norm for a one-token decode step, 'auto' resolved."""
-  return _resolve(cfg.decode_add_norm, decode_add_norm.supported(cfg.hidden_size) and cfg.fp32_upcast)
-
-
-def _decode_norm_args(cfg: ModelConfig, norm: RMSNorm | None, x_BxD: Array) -> tuple[Array | None, float | None]:
-  """A decode kernel's (inv_rms_B, rms_eps) for cfg.decode_norm: 'fold' -> XLA's 1/rms; 'inside' -> the kernel
-  computes it with the norm's eps; no norm (x comes normed) -> neither."""
-  if norm is None:
-    return None, None
-  return (norm.inv_rms(x_BxD), None) if decode_norm_impl(cfg) == "fold" else (None, norm.eps)
-
-
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -304,74 +211,8 @@ class Attention(nnx.Module):
     self.k_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
     self.v_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
 
-  def _fused_decode(self, x_BxD: Array, positions_BxT: Array, cache_kv, interpret: bool,
-                    norm: RMSNorm | None = None, padded: bool = False) -> tuple[Array, tuple[Array, Array]]:
-    """A decode step of the normed x through decode_qkv's one kernel (projection, RoPE, cache write), then decode
-    attention. With `norm`, x is the raw residual: the norm's scale is folded into the q/k/v weights and the
-    kernel multiplies by its 1/rms (ModelConfig.decode_norm 'fold' or 'inside'). padded: the output may keep
-    decode_qkv's padding rows (_decode_step_attention), for the o projection kernel."""
-    cfg = self.cfg
-    dt = cfg.compute_jnp_dtype
-    ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
-    if cache_mask_BxS is None:
-      raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
-    cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
-    w = [p[...].astype(dt) if norm is None else norm.fold(p[...], dt)
-         for p in (self.q_kernel, self.k_kernel, self.v_kernel)]
-    b = [p[...].astype(dt) for p in (self.q_bias, self.k_bias, self.v_bias)]
-    inv_rms, eps = _decode_norm_args(cfg, norm, x_BxD)
-    pf = {}
-    s = ck_BxKxSxH.shape[2]
-    if (isinstance(cache_mask_BxS, SlotRanges) and decode_attention.BALANCE
-        and _ranges_attention_impl(cfg, s, cfg.head_dim, cache_mask_BxS) in ("pallas", "interpret")):
-      # The q/k/v kernel may prefetch the cache blocks the attention kernel reads first (decode_qkv.PREFETCH_BLOCKS).
-      pf = dict(prefetch_ranges=cache_mask_BxS,
-                prefetch_splits=decode_attention.default_splits(x_BxD.shape[0], cfg.num_kv_heads, s))
-    q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH = decode_qkv.qkv_rope_cache(
-        x_BxD.astype(dt), *w, *b, cos[:, 0], sin[:, 0], ck_BxKxSxH, cv_BxKxSxH, slot, inv_rms, rms_eps=eps,
-        interpret=interpret, **pf)
-    o_BxKxGxH = _decode_step_attention(cfg, q_BxKxGpxH, ck_BxKxSxH, cv_BxKxSxH, cache_mask_BxS,
-                                       groups=cfg.num_groups, padded=padded)
-    return o_BxKxGxH, (ck_BxKxSxH, cv_BxKxSxH)
-
-  def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
-               cache_kv: tuple[Array, Array, Array, Array | None] | None, norm: RMSNorm,
-               normed_BxTxD: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
-    """x + attention(norm(x)), and the updated (k, v) cache or None. x is the residual stream: a decode step's
-    output-projection kernel may apply the residual add itself (cfg.decode_out). normed_BxTxD: norm(x) when the
-    caller has it already (cfg.decode_add_norm's kernel computes it with the previous layer's residual add)."""
-    cfg = self.cfg
-    b, t, _ = x_BxTxD.shape
-    qkv = _decode_qkv_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
-    out = _decode_out_impl(cfg, b) if cache_kv is not None and t == 1 else "xla"
-    o_groups = 0  # > 0: o is [B, K, G_pad, H] with that many real heads per KV head (the o kernel's layout)
-    if qkv == "xla":
-      normed = norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD
-      o_BxTxNxH, new_kv = self._attend_xla(normed, positions_BxT, attn_mask_BxT, cache_kv)
-    else:
-      if normed_BxTxD is None and decode_norm_impl(cfg) != "xla":
-        # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
-        x_BxD, kernel_norm = x_BxTxD[:, 0], norm
-      else:
-        # With decode_norm='xla' the norm is XLA's fusion before the kernel: multiplying x by the scale inside the
-        # kernel (before the dots) is slower than that (BENCHMARKS.md Sampler).
-        x_BxD, kernel_norm = (norm(x_BxTxD) if normed_BxTxD is None else normed_BxTxD)[:, 0], None
-      o_BxKxGxH, new_kv = self._fused_decode(x_BxD, positions_BxT, cache_kv, interpret=qkv == "interpret",
-                                             norm=kernel_norm, padded=out != "xla")
-      if o_BxKxGxH.shape[2] != cfg.num_groups:
-        o_groups = cfg.num_groups
-      else:
-        o_BxTxNxH = o_BxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    w_o = self.o_kernel[...].astype(cfg.compute_jnp_dtype)
-    if out != "xla":
-      o = o_BxKxGxH if o_groups else o_BxTxNxH[:, 0]
-      h_BxD = decode_oproj.out_proj_residual(o, w_o, x_BxTxD[:, 0], groups=o_groups, interpret=out == "interpret")
-      return h_BxD[:, None], new_kv
-    return x_BxTxD + jnp.einsum("btnh,nhd->btd", o_BxTxNxH, w_o), new_kv
-
-  def _attend_xla(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None, cache_kv
-                  ) -> tuple[Array, tuple[Array, Array] | None]:
-    """The heads' outputs [B, T, N, H] for normed x, and the updated cache: einsums, XLA's fusions."""
+  def qkv(self, x_BxTxD: Array, positions_BxT: Array) -> tuple[Array, Array, Array]:
+    """q [B, T, K, G, H], k and v [B, T, K, H] of the normed x, q and k rotated by their positions."""
     cfg = self.cfg
     dt = cfg.compute_jnp_dtype
     b, t, _ = x_BxTxD.shape
@@ -382,25 +223,31 @@ class Attention(nnx.Module):
     cos, sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta)
     q_BxTxNxH = apply_rope(q_BxTxNxH, cos, sin, cfg.fp32_upcast)
     k_BxTxKxH = apply_rope(k_BxTxKxH, cos, sin, cfg.fp32_upcast)
-    q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
+    return q_BxTxNxH.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim), k_BxTxKxH, v_BxTxKxH
 
+  def out(self, o_BxTxNxH: Array) -> Array:
+    """The output projection [B, T, D] of the heads' outputs."""
+    return jnp.einsum("btnh,nhd->btd", o_BxTxNxH, self.o_kernel[...].astype(self.cfg.compute_jnp_dtype))
+
+  def __call__(self, x_BxTxD: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
+               cache_kv: tuple[Array, Array, Array, Array | None] | None = None
+               ) -> tuple[Array, tuple[Array, Array] | None]:
+    """attention(x) [B, T, D] for the normed x, and the updated (k, v) cache or None. cache_kv: (k cache,
+    v cache, slot, cache_mask_BxS) (see the module docstring)."""
+    cfg = self.cfg
+    b, t, _ = x_BxTxD.shape
+    q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH = self.qkv(x_BxTxD, positions_BxT)
     new_kv = None
     if cache_kv is not None:
       ck_BxKxSxH, cv_BxKxSxH, slot, cache_mask_BxS = cache_kv
-      start = (0, 0, slot, 0)
-      ck_BxKxSxH = jax.lax.dynamic_update_slice(
-          ck_BxKxSxH, k_BxTxKxH.transpose(0, 2, 1, 3).astype(ck_BxKxSxH.dtype), start)
-      cv_BxKxSxH = jax.lax.dynamic_update_slice(
-          cv_BxKxSxH, v_BxTxKxH.transpose(0, 2, 1, 3).astype(cv_BxKxSxH.dtype), start)
-      new_kv = (ck_BxKxSxH, cv_BxKxSxH)
-
+      new_kv = write_cache(ck_BxKxSxH, cv_BxKxSxH, k_BxTxKxH, v_BxTxKxH, slot)
     if cache_kv is not None and t == 1:
       if cache_mask_BxS is None:
         raise ValueError("a decode step (T == 1 with a cache) needs cache_mask_BxS")
-      o_BxTxKxGxH = _decode_step_attention(cfg, q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS)[:, None]
+      o_BxTxKxGxH = decode_attend(q_BxTxKxGxH[:, 0], new_kv[0], new_kv[1], cache_mask_BxS, cfg.fp32_upcast)[:, None]
     else:
       o_BxTxKxGxH = self._self_attend(q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT)
-    return o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim), new_kv
+    return self.out(o_BxTxKxGxH.reshape(b, t, cfg.num_heads, cfg.head_dim)), new_kv
 
   def _self_attend(self, q_BxTxKxGxH, k_BxTxKxH, v_BxTxKxH, positions_BxT, attn_mask_BxT):
     cfg = self.cfg
@@ -428,49 +275,19 @@ class MLP(nnx.Module):
     self.up_kernel = _param(rngs, (d, f), ("embed", "mlp"), pd, "normal")
     self.down_kernel = _param(rngs, (f, d), ("mlp", "embed"), pd, "normal")
 
-  def _decode_impls(self, rows: int) -> tuple[str, str]:
-    """(front, down) implementations of a one-token decode step of `rows` rows ('auto' resolved)."""
-    cfg = self.cfg
-    fits = decode_mlp.supported(cfg.hidden_size, cfg.intermediate_size) and rows <= decode_mlp.AUTO_MAX_ROWS
-    return (_resolve(cfg.decode_mlp, fits),
-            _resolve(cfg.decode_down, fits and cfg.hidden_size <= decode_mlp.AUTO_DOWN_MAX_D))
-
-  def _front(self, x_BxTxD: Array, norm: RMSNorm, front: str) -> Array:
-    """silu(norm(x) W_gate) * (norm(x) W_up): [B, T, F] in the compute dtype."""
+  def front(self, x_BxTxD: Array) -> Array:
+    """silu(x W_gate) * (x W_up) [B, T, F] of the normed x, in the compute dtype."""
     dt = self.cfg.compute_jnp_dtype
-    if front != "xla" and decode_norm_impl(self.cfg) != "xla":
-      # The kernel takes the raw x and applies the norm as 1/rms on its products, the scale in its weights.
-      wg, wu = (norm.fold(k[...], dt) for k in (self.gate_kernel, self.up_kernel))
-      x_BxD = x_BxTxD[:, 0]
-      inv_rms, eps = _decode_norm_args(self.cfg, norm, x_BxD)
-      return decode_mlp.swiglu_front(x_BxD.astype(dt), wg, wu, inv_rms, rms_eps=eps,
-                                     interpret=front == "interpret")[:, None]
     wg, wu = (k[...].astype(dt) for k in (self.gate_kernel, self.up_kernel))
-    if front == "xla":
-      x = norm(x_BxTxD).astype(dt)
-      return jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
-    return decode_mlp.swiglu_front(norm(x_BxTxD)[:, 0].astype(dt), wg, wu, interpret=front == "interpret")[:, None]
+    x = x_BxTxD.astype(dt)
+    return jax.nn.silu(jnp.einsum("btd,df->btf", x, wg)) * jnp.einsum("btd,df->btf", x, wu)
 
-  def __call__(self, x_BxTxD: Array, norm: RMSNorm) -> Array:
-    """The MLP of norm(x), x the residual stream."""
-    b, t, _ = x_BxTxD.shape
-    # Multi-token calls (prefill, training) always use the einsums; a decode step may use Pallas kernels.
-    front, down = self._decode_impls(b) if t == 1 else ("xla", "xla")
-    h_BxTxF = self._front(x_BxTxD, norm, front)
-    wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
-    if down == "xla":
-      return jnp.einsum("btf,fd->btd", h_BxTxF, wd)
-    return decode_mlp.down_proj(h_BxTxF[:, 0], wd, interpret=down == "interpret")[:, None]
+  def down(self, h_BxTxF: Array) -> Array:
+    return jnp.einsum("btf,fd->btd", h_BxTxF, self.down_kernel[...].astype(self.cfg.compute_jnp_dtype))
 
-  def decode_partials(self, x_BxD: Array, norm: RMSNorm) -> Array:
-    """A decode step's MLP of norm(x) ([B, D] rows) as terms to sum: decode_mlp.down_partials' fp32 [S, R >= B, D]
-    with the Pallas down projection, else [1, B, D], the einsum's output (decode_add_norm.add_norm's y)."""
-    front, down = self._decode_impls(x_BxD.shape[0])
-    h_BxF = self._front(x_BxD[:, None], norm, front)[:, 0]
-    wd = self.down_kernel[...].astype(self.cfg.compute_jnp_dtype)
-    if down == "xla":
-      return jnp.einsum("bf,fd->bd", h_BxF, wd)[None]
-    return decode_mlp.down_partials(h_BxF, wd, interpret=down == "interpret")
+  def __call__(self, x_BxTxD: Array) -> Array:
+    """The MLP of the normed x."""
+    return self.down(self.front(x_BxTxD))
 
 
 class DecoderLayer(nnx.Module):
@@ -480,21 +297,11 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg, rngs=rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv):
-    h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm)
-    h_BxTxD = h_BxTxD + self.mlp(h_BxTxD, self.post_attn_norm)
+  def __call__(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv=None):
+    a_BxTxD, new_kv = self.attn(self.input_norm(h_BxTxD), positions_BxT, attn_mask_BxT, cache_kv)
+    h_BxTxD = h_BxTxD + a_BxTxD
+    h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD))
     return h_BxTxD, new_kv
-
-  def decode_step_add_norm(self, h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, normed_BxTxD,
-                           next_norm: RMSNorm, interpret: bool):
-    """A decode step (T == 1) whose residual add after the MLP and `next_norm` run as decode_add_norm's one kernel:
-    (h, the updated (k, v) cache, next_norm(h)). normed_BxTxD: this layer's input norm of h if the previous layer
-    computed it, else None."""
-    h_BxTxD, new_kv = self.attn(h_BxTxD, positions_BxT, attn_mask_BxT, cache_kv, self.input_norm, normed_BxTxD)
-    y_SxRxD = self.mlp.decode_partials(h_BxTxD[:, 0], self.post_attn_norm)
-    h_BxD, x_BxD = decode_add_norm.add_norm(h_BxTxD[:, 0], y_SxRxD, next_norm.scale[...], next_norm.eps,
-                                            interpret=interpret)
-    return h_BxD[:, None], new_kv, x_BxD[:, None]
 
 
 class Embed(nnx.Module):
@@ -510,12 +317,12 @@ class LMHead(nnx.Module):
 
 
 def _layer_apply(layer: DecoderLayer, h_BxTxD, positions_BxT, attn_mask_BxT):
-  return layer(h_BxTxD, positions_BxT, attn_mask_BxT, None)[0]
+  return layer(h_BxTxD, positions_BxT, attn_mask_BxT)[0]
 
 
 _REMAT_POLICIES = {
     "full": None,  # save nothing inside the layer; recompute it all in the backward pass
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # also keep projection outputs
 }
 
 
@@ -530,41 +337,52 @@ class Qwen2(nnx.Module):
     if not cfg.tie_word_embeddings:
       self.lm_head = LMHead(cfg, rngs=rngs)
 
-  def _embed(self, tokens_BxT: Array) -> Array:
+  def embed_tokens(self, tokens_BxT: Array) -> Array:
     return jnp.take(self.embed.embedding[...], tokens_BxT, axis=0).astype(self.cfg.compute_jnp_dtype)
 
-  def hidden(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None = None) -> Array:
-    """Final-normed hidden states [B, T, D] in compute dtype (no cache; causal + padding mask)."""
-    h_BxTxD = self._embed(tokens_BxT)
-    if self.cfg.remat == "none":
-      apply = _layer_apply
-    else:
+  def hidden(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None = None,
+             cache: KVCache | None = None, cache_slot: Array | int = 0, cache_mask_BxS: Array | None = None, *,
+             scan: bool = False, between_layers: Callable[[Array], Array] | None = None
+             ) -> tuple[Array, KVCache | None]:
+    """Final-normed hidden states [B, T, D] in compute dtype and the updated cache (None without a cache).
+
+    Without a cache: causal + padding mask, each layer rematerialised per cfg.remat, in a scan with `scan`.
+    With a cache: a prefill (T > 1) or one decode step (T == 1); see the module docstring.
+    """
+    h_BxTxD = self.embed_tokens(tokens_BxT)
+    if cache is not None:
+      if scan:
+        raise ValueError("scan=True runs without a cache")
+      slot = jnp.asarray(cache_slot, jnp.int32)
+      new_k, new_v = [], []
+      for i, layer in enumerate(self.layers):
+        h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot,
+                                                                         cache_mask_BxS))
+        new_k.append(k)
+        new_v.append(v)
+      return self.final_norm(h_BxTxD), KVCache(k=new_k, v=new_v)
+    if scan:
+      return self.final_norm(self._scanned_layers(h_BxTxD, positions_BxT, attn_mask_BxT, between_layers)), None
+    apply = _layer_apply
+    if self.cfg.remat != "none":
       apply = nnx.remat(_layer_apply, policy=_REMAT_POLICIES[self.cfg.remat])
     for layer in self.layers:
       h_BxTxD = apply(layer, h_BxTxD, positions_BxT, attn_mask_BxT)
-    return self.final_norm(h_BxTxD)
+    return self.final_norm(h_BxTxD), None
 
-  def fold_decode_norms(self, rows: int | None = None) -> None:
-    """In place (on a model merged inside a jitted function): every layer's input norm scale folded into its
-    q/k/v weights and its post-attention norm scale into its gate/up weights (RMSNorm.fold: one rounding to the
-    parameter dtype), and those scales set to one. The model computes the same function up to that rounding, and
-    a decode step with cfg.decode_norm 'fold' or 'inside' then multiplies by 1/rms only. The sampler calls it once
-    before its decode loop: folded inside each step, the weights would be re-read and re-written every step (XLA
-    does not hoist the fold out of the loop; BENCHMARKS.md Sampler). rows: fold only the norms whose Pallas kernel
-    runs in a decode step of that many rows (XLA's paths apply the norm themselves), so no weights are copied for
-    nothing; None: all."""
-    for layer in self.layers:
-      attn, mlp = layer.attn, layer.mlp
-      qkv_runs = rows is None or _decode_qkv_impl(self.cfg, rows) != "xla"
-      front_runs = rows is None or mlp._decode_impls(rows)[0] != "xla"  # pylint: disable=protected-access
-      for norm, params, runs in ((layer.input_norm, (attn.q_kernel, attn.k_kernel, attn.v_kernel), qkv_runs),
-                                 (layer.post_attn_norm, (mlp.gate_kernel, mlp.up_kernel), front_runs)):
-        if norm.folded or not runs:
-          continue
-        for p in params:
-          p[...] = norm.fold(p[...], p[...].dtype)
-        norm.scale[...] = jnp.ones_like(norm.scale[...])
-        norm.folded = True
+  def _scanned_layers(self, h_BxTxD, positions_BxT, attn_mask_BxT, between_layers):
+    """The decoder layers in a lax.scan over their parameters stacked inside the step (one extra copy of the
+    layer parameters, sharded like them), each layer's body checkpointed per cfg.remat."""
+    layer_def = nnx.graphdef(self.layers[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(layer) for layer in self.layers])
+
+    def body(h, layer_state):
+      h = nnx.merge(layer_def, layer_state)(h, positions_BxT, attn_mask_BxT)[0]
+      return (h if between_layers is None else between_layers(h)), None
+
+    if self.cfg.remat != "none":
+      body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.cfg.remat])
+    return jax.lax.scan(body, h_BxTxD, stacked)[0]
 
   @property
   def logits_dtype(self):
@@ -588,35 +406,5 @@ class Qwen2(nnx.Module):
                cache: KVCache | None = None, cache_slot: Array | int = 0,
                cache_mask_BxS: Array | None = None) -> tuple[Array, KVCache | None]:
     """Logits [B, T, V] and the updated cache (None without a cache). See the module docstring."""
-    if cache is None:
-      return self.logits(self.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)), None
-    h_BxTxD, cache = self.hidden_with_cache(tokens_BxT, positions_BxT, attn_mask_BxT, cache, cache_slot,
-                                            cache_mask_BxS)
+    h_BxTxD, cache = self.hidden(tokens_BxT, positions_BxT, attn_mask_BxT, cache, cache_slot, cache_mask_BxS)
     return self.logits(h_BxTxD), cache
-
-  def hidden_with_cache(self, tokens_BxT: Array, positions_BxT: Array, attn_mask_BxT: Array | None,
-                        cache: KVCache, cache_slot: Array | int = 0,
-                        cache_mask_BxS: Array | None = None) -> tuple[Array, KVCache]:
-    """Final-normed hidden states [B, T, D] and the updated cache (prefill if T > 1, else one decode step)."""
-    h_BxTxD = self._embed(tokens_BxT)
-    new_k, new_v = [], []
-    slot = jnp.asarray(cache_slot, jnp.int32)
-    add_norm = _decode_add_norm_impl(self.cfg) if tokens_BxT.shape[1] == 1 else "xla"
-    if add_norm != "xla":
-      # Each layer ends with the residual add and the next norm in one kernel: the next layer's input norm, and
-      # after the last layer the final norm, whose output this returns.
-      normed = None
-      for i, layer in enumerate(self.layers):
-        next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
-        h_BxTxD, (k, v), normed = layer.decode_step_add_norm(
-            h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot, cache_mask_BxS), normed,
-            next_norm, interpret=add_norm == "interpret")
-        new_k.append(k)
-        new_v.append(v)
-      return normed, KVCache(k=new_k, v=new_v)
-    for i, layer in enumerate(self.layers):
-      h_BxTxD, (k, v) = layer(h_BxTxD, positions_BxT, attn_mask_BxT, (cache.k[i], cache.v[i], slot,
-                                                                       cache_mask_BxS))
-      new_k.append(k)
-      new_v.append(v)
-    return self.final_norm(h_BxTxD), KVCache(k=new_k, v=new_v)

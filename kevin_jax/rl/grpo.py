@@ -55,7 +55,7 @@ class GRPOConfig:
   micro_batch_size: int = 8  # Sequences per device per gradient-accumulation micro-batch.
   recompute_old_logps: bool = True  # Recompute log pi_old with the learner's forward before updating.
   logits_chunk: int = 1024  # Sequence positions per chunk of the fp32 [B, chunk, vocab] logits.
-  scan_layers: bool = True  # Learner runs decoder layers in a lax.scan (rl/layer_scan.py): remat then saves memory.
+  scan_layers: bool = True  # Learner runs decoder layers in a lax.scan (Qwen2.hidden(scan=True)): remat then saves memory.
 
   def __post_init__(self):
     _check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")

@@ -35,7 +35,7 @@ What a step does (`train_step`, jitted once in `Learner` with explicit shardings
   2. for each of the U minibatches: gradients of grpo.policy_loss summed over M micro-batches of G rows
      (fp32 accumulation; each micro-batch uses the minibatch's denominators, so accumulation is exact),
      pre-clip global grad norm, then the Optax update (kevin_jax/rl/optimizer.py). With rl.scan_layers the
-     decoder layers run in a lax.scan (kevin_jax/rl/layer_scan.py) so that policy.remat really saves memory.
+     decoder layers run in a lax.scan (Qwen2.hidden(scan=True)) so that policy.remat really saves memory.
   3. NaN/Inf guard: if an update's loss or grad norm is not finite, it and every later update of the step are
      skipped (the returned state holds the last finite parameters) and the metrics say which; `check_finite`
      (host side) raises NonFiniteError so the loop stops before checkpointing.
@@ -315,12 +315,7 @@ class Learner:
       model_cfg = get_preset(config.policy.preset, param_dtype=config.policy.param_dtype,
                              compute_dtype=config.policy.compute_dtype, remat=config.policy.remat,
                              attention_impl=resolve_attention_impl(config.policy.attention_impl,
-                                                                    config.policy.compute_dtype),
-                             decode_attention=config.policy.decode_attention,
-                             decode_mlp=config.policy.decode_mlp, decode_down=config.policy.decode_down,
-                             decode_qkv=config.policy.decode_qkv, decode_out=config.policy.decode_out,
-                             decode_add_norm=config.policy.decode_add_norm,
-                             decode_norm=config.policy.decode_norm)
+                                                                    config.policy.compute_dtype))
     cfg = grpo.GRPOConfig.from_config(config.rl)
     opt_cfg = OptimizerConfig.from_config(config.optimizer, config.total_steps * cfg.updates_per_batch)
     return cls(model_cfg, cfg, opt_cfg, mesh, temperature=config.sampler.temperature)

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from kevin_jax import sharding
-from kevin_jax.rl.layer_scan import scanned_hidden
 
 
 def token_logps(model, tokens_BxT: jax.Array, attn_mask_BxT: jax.Array, *, chunk: int,
@@ -32,16 +31,16 @@ def token_logps(model, tokens_BxT: jax.Array, attn_mask_BxT: jax.Array, *, chunk
     temperature: the sampling temperature (logits are divided by it).
     mesh: when given, activations are constrained to the batch sharding of kevin_jax/sharding.py.
     with_entropy: also return the entropy H(softmax(logits[t-1] / temperature)) (a metric; no gradient).
-    scan_layers: run the decoder layers in a lax.scan (kevin_jax/rl/layer_scan.py) instead of model.hidden.
+    scan_layers: run the decoder layers in a lax.scan (Qwen2.hidden's scan) instead of an unrolled loop.
   Returns:
     (logps_BxT, entropy_BxT or None), float32, 0 at position 0.
   """
   b, t = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
-  if scan_layers:
-    h_BxTxD = scanned_hidden(model, tokens_BxT, positions_BxT, attn_mask_BxT, mesh)
-  else:
-    h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT)
+  # With a mesh, the residual stream between scanned layers keeps the batch sharding (FSDP: weights are gathered
+  # to the activations, never the reverse).
+  between = None if mesh is None else (lambda h: sharding.constrain(h, mesh, "batch", "seq", "act_embed"))
+  h_BxTxD = model.hidden(tokens_BxT, positions_BxT, attn_mask_BxT, scan=scan_layers, between_layers=between)[0]
   if mesh is not None:
     h_BxTxD = sharding.constrain(h_BxTxD, mesh, "batch", "seq", "act_embed")
   n = t - 1  # Predictions: h[:, i] predicts tokens[:, i + 1].

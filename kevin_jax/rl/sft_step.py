@@ -37,7 +37,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from kevin_jax import sharding
 from kevin_jax.rl import learner as learner_lib
-from kevin_jax.rl.layer_scan import scanned_hidden
 from kevin_jax.rl.optimizer import _stored_as  # The learner's bf16-moment wrapper (same state layout).
 
 
@@ -138,8 +137,8 @@ def token_nll_and_hits(model, tokens_BxT, attn_mask_BxT, *, chunk: int, mesh: Me
   """
   b, t = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
-  hidden = scanned_hidden if scan_layers else type(model).hidden
-  h_BxTxD = hidden(model, tokens_BxT if inputs_BxT is None else inputs_BxT, positions_BxT, attn_mask_BxT)
+  h_BxTxD = model.hidden(tokens_BxT if inputs_BxT is None else inputs_BxT, positions_BxT, attn_mask_BxT,
+                         scan=scan_layers)[0]
   if mesh is not None:
     h_BxTxD = sharding.constrain(h_BxTxD, mesh, "batch", "seq", "act_embed")
   n = t - 1

@@ -1,5 +1,5 @@
-"""Pieces shared by the decode step's Pallas GEMM kernels (decode_mlp, decode_qkv, decode_oproj): block sizes and
-the loops over the reduction dimension, with fp32 accumulators.
+"""Pieces shared by the decode step's Pallas kernels (mlp, qkv, oproj, attention): block sizes, the loops over the
+reduction dimension with fp32 accumulators, and the device's SM count.
 
 Inside a kernel, a "loader" is a function of a reduction slice `ks` (a pl.ds) that loads the weight block
 [ks, columns] of one output block.
@@ -12,6 +12,23 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 EXACT = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)  # fp32 weights: IEEE fp32 dots, not TF32.
+NOMINAL_SM_COUNT = 132  # an H100's / H200's SMs: the split counts of devices that report none (the CPU: interpret)
+
+
+def sm_count(device: jax.Device | None = None) -> int:
+  """The streaming multiprocessors of `device` (default: this process' first device); NOMINAL_SM_COUNT where the
+  device reports none."""
+  device = device or jax.devices()[0]
+  return int(getattr(device, "core_count", 0) or NOMINAL_SM_COUNT)
+
+
+def compute_capability(device: jax.Device | None = None) -> float:
+  """The device's CUDA compute capability (e.g. 9.0), or 0.0 where it reports none."""
+  cap = getattr(device or jax.devices()[0], "compute_capability", None)
+  try:
+    return float(cap) if cap is not None else 0.0
+  except ValueError:
+    return 0.0
 
 
 def pick_block(size: int, block: int) -> int:
@@ -45,7 +62,7 @@ def dot_loop(a_ref, w_ref, block_k: int) -> jax.Array:
 
 
 def check_norm_args(rows: int, inv_rms_B: jax.Array | None, rms_eps: float | None) -> bool:
-  """A decode kernel's RMSNorm arguments (ModelConfig.decode_norm): each row's fp32 1/rms [rows], or the eps for
+  """A decode kernel's RMSNorm arguments (DecodeConfig.norm): each row's fp32 1/rms [rows], or the eps for
   the kernel to compute it, or neither (x comes normed). Returns whether inv_rms_B is given (a kernel input)."""
   if inv_rms_B is None:
     return False
@@ -58,7 +75,7 @@ def check_norm_args(rows: int, inv_rms_B: jax.Array | None, rms_eps: float | Non
 
 def dot_pair(x_ref, load_w1, load_w2, cols: int, block_d: int, inv_rms_ref=None, rms_eps: float | None = None):
   """(x @ W1, x @ W2) in fp32 [M, cols] for x [M, D] in a ref, one pass over D in block_d slices. With inv_rms_ref
-  (fp32 [M]) or rms_eps, x is a raw residual whose RMSNorm scale the caller folded into W1 and W2 (RMSNorm.fold):
+  (fp32 [M]) or rms_eps, x is a raw residual whose RMSNorm scale the caller folded into W1 and W2 (step.fold):
   both products are multiplied by each row's 1/rms, read from the ref or computed here as rsqrt(mean(x^2) +
   rms_eps) from the rows' sums of squares.
 

@@ -7,17 +7,17 @@ fp32 accumulators in registers, and writes silu(gate) * up once, in the input's 
 [D, F] layout (no per-step transpose or concatenation). Rows are padded up to a power of two >= 16 (Triton's
 matmul tiles); D and F must be multiples of 16 (`supported`). x comes normed (XLA's post-attention RMSNorm), or raw
 with the norm's scale folded into the weights and each row's 1/rms given (`inv_rms_B`) or computed here
-(`rms_eps`): ModelConfig.decode_norm. Multiplying the x slices by the scale inside the kernel doubled its time
+(`rms_eps`): DecodeConfig.norm. Multiplying the x slices by the scale inside the kernel doubled its time
 (decode_tiles.dot_pair).
 
 Numbers: fp32 accumulation; the SwiGLU is computed in fp32 and rounded once (XLA's path rounds gate and up to the
 compute dtype first), so bf16 results differ from the XLA path by bf16 rounding. tests/test_policy_decode_mlp.py
 compares with the jnp expression in interpret mode on the CPU (fp32, exact dots) and on the GPU (bf16).
 
-ModelConfig.decode_mlp='auto' uses the kernel on a GPU up to AUTO_MAX_ROWS rows (+4.5 % decode tokens/s at the
+DecodeConfig.mlp='auto' uses the kernel on a GPU up to AUTO_MAX_ROWS rows (+4.5 % decode tokens/s at the
 0.5B shape, B = 64; experiments/sampler_kernels).
 
-`down_proj`, the MLP's down projection split along F: ModelConfig.decode_down='auto' (the default) uses it on a GPU
+`down_proj`, the MLP's down projection split along F: DecodeConfig.down='auto' (the default) uses it on a GPU
 up to AUTO_MAX_ROWS rows where D <= AUTO_DOWN_MAX_D (+5.1 % decode tokens/s at the 0.5B shape, B = 64;
 experiments/sampler_kernels). tests/test_policy_gpu.py runs the GPU sampler tests with it too.
 """
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy import decode_tiles
-from kevin_jax.policy.decode_tiles import pick_block
+from kevin_jax.policy.decode import tiles as decode_tiles
+from kevin_jax.policy.decode.tiles import pick_block
 
 Array = jax.Array
 BLOCK_N = 64  # Columns per program at most: F = 4,864 (0.5B) gives 76 programs; faster than 32 columns (152
@@ -44,7 +44,7 @@ FRONT_STAGES = 4  # Pipeline stages of the front on compute capability >= 9.0 wh
                   # 3 x 48 KB of bf16 x and weight slices at 64 x 128 do; fp32's 288 KB do not), else 3. 4 against
                   # 3: +0.6 % decode tokens/s at the 0.5B shape, B = 64 (experiments/sampler_kernels).
 SM90_SHARED_MEMORY = 232448  # bytes of shared memory a block may use on an H100 / H200 (Triton's "available" figure)
-AUTO_MAX_ROWS = 64  # ModelConfig.decode_mlp='auto' uses the kernel up to this batch: faster at 64 rows; at 256 each
+AUTO_MAX_ROWS = 64  # DecodeConfig.mlp='auto' uses the kernel up to this batch: faster at 64 rows; at 256 each
                     # 64-row block re-reads the weights and the kernel is slower than XLA's (BENCHMARKS.md Sampler).
 
 
@@ -67,11 +67,7 @@ def front_stages(block_m: int, block_d: int, block_n: int, itemsize: int) -> int
   """swiglu_front's default pipeline stages on this process' first device: FRONT_STAGES where their buffers fit a
   block's shared memory (compute capability >= 9.0: SM90_SHARED_MEMORY), else 3. Triton keeps stages - 1 buffers
   of the x slice and both weight slices."""
-  cap = getattr(jax.devices()[0], "compute_capability", None)
-  try:
-    hopper = cap is not None and float(cap) >= 9.0
-  except ValueError:
-    hopper = False
+  hopper = decode_tiles.compute_capability() >= 9.0
   need = (FRONT_STAGES - 1) * (block_m * block_d + 2 * block_d * block_n) * itemsize
   return FRONT_STAGES if hopper and need <= SM90_SHARED_MEMORY else 3
 
@@ -85,7 +81,7 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   """silu(x @ w_gate) * (x @ w_up): [B, D] x [D, F] -> [B, F] in x's dtype (fp32 accumulation).
 
   With inv_rms_B (fp32 [B]) or rms_eps, x is the raw residual and the weights hold the RMSNorm's scale
-  (RMSNorm.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
+  (step.fold): each row's products are multiplied by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) + rms_eps)
   computed in the kernel (decode_tiles.dot_pair's sums of squares), before the SwiGLU. num_stages None:
   front_stages()."""
   b, d = x_BxD.shape
@@ -119,14 +115,13 @@ def swiglu_front(x_BxD: Array, w_gate_DxF: Array, w_up_DxF: Array, inv_rms_B: Ar
   return out[:b]
 
 
-# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (ModelConfig.decode_down). ---
+# --- The down projection, h @ W_down ([B, F] x [F, D]), split along F (DecodeConfig.down). ---
 # At 64 rows its output is only [64, D] (D = 896 at 0.5B): with whole-F columns per program there are D / block_n
 # programs, far fewer than the GPU's 132 SMs, and XLA's GEMM reads W_down well below the copy bandwidth. Here
 # program (i, j, s) sums F slice s of the product into an fp32 partial [block_m, block_n]; XLA then adds the
 # `splits` partials (a small reduction that it fuses with the residual add after the MLP). Summing them in this
 # kernel instead, by each output block's last split to finish, is slower (BENCHMARKS.md Sampler).
-SM_COUNT = 132  # SMs of an H100 / H200: pick_splits' split count aims at >= this many programs.
-AUTO_DOWN_MAX_D = 1024  # ModelConfig.decode_down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
+AUTO_DOWN_MAX_D = 1024  # DecodeConfig.down='auto' uses down_proj up to AUTO_MAX_ROWS rows where D is at most
                         # this: at 64 rows it beats XLA's einsum at D = 896 (0.5B), not at D = 1,536 (1.5B;
                         # BENCHMARKS.md Sampler).
 
@@ -137,15 +132,15 @@ DOWN_STAGES = 5  # pipeline stages: at the 0.5B shape, B = 64, pick_splits' 19 s
                  # (experiments/sampler_kernels). Not measured at other shapes.
 
 
-def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int) -> int:
-  """down_proj's split count: None -> DOWN_SPLITS where it divides F's block_k chunks, else pick_splits; 0 ->
-  pick_splits; any other value as given."""
+def resolve_splits(splits: int | None, f: int, n_blocks: int, block_k: int, sm_count: int | None = None) -> int:
+  """down_proj's split count: None -> DOWN_SPLITS where it divides F's block_k chunks, else pick_splits for
+  sm_count SMs (default: this process' first device's); 0 -> that pick_splits; any other value as given."""
   if splits is None:
     splits = DOWN_SPLITS if (f // block_k) % DOWN_SPLITS == 0 else 0
-  return splits or pick_splits(f, n_blocks, block_k)
+  return splits or pick_splits(f, n_blocks, block_k, sm_count or decode_tiles.sm_count())
 
 
-def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int = SM_COUNT) -> int:
+def pick_splits(f: int, n_blocks: int, block_k: int, min_programs: int) -> int:
   """The fewest F splits, each a multiple of block_k, giving n_blocks * splits >= min_programs (else the most)."""
   chunks = f // block_k
   divisors = [s for s in range(1, chunks + 1) if chunks % s == 0]
@@ -174,7 +169,7 @@ def down_partials(h_BxF: Array, w_down_FxD: Array, *, splits: int | None = None,
                   block_k: int = 64, block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = DOWN_STAGES,
                   interpret: bool = False) -> Array:
   """down_proj's fp32 partials before XLA's sum: [splits, R, D], R >= B the rows padded to the kernel's row tiles
-  (rows past B hold zeros' products). decode_add_norm.add_norm sums them with the residual add and the next norm."""
+  (rows past B hold zeros' products)."""
   b, f = h_BxF.shape
   d = w_down_FxD.shape[1]
   if w_down_FxD.shape[0] != f:

@@ -1,7 +1,7 @@
 """Decode attention (one query token per row) over the sampler's [B, K, S, H] KV cache, as a Pallas kernel.
 
 The sampler's cache holds, per row b, the right-padded prompt in slots [0, P) (real tokens in [0, prompt_len[b]))
-and the generated tokens in slots [P, P + i) after i decode steps. The XLA path (model._decode_attend) reads all
+and the generated tokens in slots [P, P + i) after i decode steps. The XLA path (model.decode_attend) reads all
 S slots of every row at every step and masks the invisible ones; this kernel reads only the blocks that hold
 visible slots - [0, prompt_len[b]) and [P, P + i) - so a step costs the bytes of the tokens actually attended
 (the decode roofline's denominator), and it keeps the G query heads of a KV head together, so each K/V block is
@@ -14,7 +14,7 @@ Splitting S gives enough programs to fill the GPU at small batch; a split with n
 partial that the merge weighs by zero. With `balance=True` (BALANCE, the default) the splits share the row's
 visible blocks instead, each an equal run of them, prompt blocks first: with fixed ranges, while the generated
 part is short, the splits past the prompt read little or nothing (balanced: +2.1 % decode tokens/s at the 0.5B
-shape, B = 64, experiments/sampler_kernels). _TARGET_PROGRAMS and NUM_STAGES give 2 splits with 3 pipeline stages
+shape, B = 64, experiments/sampler_kernels). PROGRAMS_PER_SM and NUM_STAGES give 2 splits with 3 pipeline stages
 there (256 programs): +0.9 % over 4 splits with 2 stages (experiments/sampler_kernels).
 
 With one split (`num_splits=1`) the kernel writes the normalized output in q's dtype itself: no fp32 partials and
@@ -22,11 +22,8 @@ no merge. With `padded=True` it returns decode_qkv's padded [B, K, G_pad, H] row
 `groups` reads without a slice before it. Not the default: one program per row and KV head, each walking the row's
 whole visible cache, does not hide the loads' latency, and the merge it saves costs less (BENCHMARKS.md Sampler).
 
-The merge: `merge='reduce'` (MERGE, the default) sums the splits with reductions over the split axis, which XLA
-runs as a fusion of its own; `merge='unrolled'` writes the same sums as a chain of elementwise ops over the
-splits' slices, which XLA's GEMM fusion may take into the o projection's operand. The two agree to fp32 rounding
-(tests); 'unrolled' gained nothing end to end, and merging inside a kernel (this one's last split, or the o
-projection) lost (BENCHMARKS.md Sampler).
+The merge sums the splits with reductions over the split axis, which XLA runs as a fusion of its own (merging
+inside a kernel, or as elementwise ops, lost: BENCHMARKS.md Sampler).
 
 A split walks its prompt blocks and then its generated blocks in one loop (the loop index mapped to either), so
 the loads' pipeline fills and drains once per program, not once per kind of block.
@@ -48,16 +45,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 # EXACT dots: IEEE fp32 for fp32 caches (Triton's default for fp32 inputs is TF32); bf16 caches: plain tensor cores.
-from kevin_jax.policy.decode_tiles import EXACT
+from kevin_jax.policy.decode import tiles
+from kevin_jax.policy.decode.tiles import EXACT
 
 Array = jax.Array
 _NEG = -1e30  # Masked score: exp(_NEG - m) == 0 for any finite running max m, never NaN.
 BLOCK_K = 64  # Cache slots per K/V block; the sampler sizes its cache in multiples of it.
-_TARGET_PROGRAMS = 256  # ~2 programs per SM (132 SMs): 2 splits at B = 64, K = 2 (module docstring).
+PROGRAMS_PER_SM = 2  # default_splits aims at about this many programs per SM: 2 splits at B = 64, K = 2 on 132 SMs.
 NUM_STAGES = 3  # Pipeline stages of the K/V loads: with 2 splits, 3 beat 2 (module docstring).
 BALANCE = True  # Splits share a row's visible blocks equally (True) or its slot range (False); see _kernel.
-MERGE = "reduce"  # How the splits' partial softmaxes are combined: 'reduce' | 'unrolled' (module docstring).
-_MERGES = ("reduce", "unrolled")
 
 
 @jax.tree_util.register_dataclass
@@ -82,14 +78,11 @@ def supported(num_slots: int, gen_start: int, head_dim: int, block_k: int = BLOC
   return num_slots % block_k == 0 and gen_start % block_k == 0 and head_dim % 16 == 0
 
 
-def default_splits(batch: int, kv_heads: int, num_slots: int, block_k: int = BLOCK_K) -> int:
-  """The splits per row and KV head that decode_attention uses with num_splits=0 (its default)."""
-  return _num_splits(batch, kv_heads, num_slots // block_k)
-
-
-def _num_splits(batch: int, kv_heads: int, num_blocks: int) -> int:
-  n = 1
-  while batch * kv_heads * n * 2 <= _TARGET_PROGRAMS and num_blocks % (n * 2) == 0:
+def default_splits(batch: int, kv_heads: int, num_slots: int, sm_count: int, block_k: int = BLOCK_K) -> int:
+  """The splits per row and KV head for a GPU of `sm_count` SMs: the most powers of two that divide the cache's
+  blocks while batch * kv_heads * splits stays within PROGRAMS_PER_SM * sm_count (at least 1)."""
+  n, num_blocks = 1, num_slots // block_k
+  while batch * kv_heads * n * 2 <= PROGRAMS_PER_SM * sm_count and num_blocks % (n * 2) == 0:
     n *= 2
   return n
 
@@ -170,31 +163,21 @@ def padded_rows(groups: int) -> int:
   return max(16, -(-groups // 16) * 16)
 
 
-def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array, merge: str = "reduce") -> Array:
+def merge_splits(o_BxKxSxGxH: Array, m_BxKxSxG: Array, l_BxKxSxG: Array) -> Array:
   """The exact softmax output [B, K, G, H] (fp32) from the splits' partials: acc, running max and sum per split.
 
   A split with nothing visible has m = _NEG and l = 0 and weighs exp(_NEG - max) = 0 (if any split saw a slot).
-  'reduce' uses reductions over the split axis; 'unrolled' the same sums as elementwise ops over the splits,
-  in split order (no reduce op: a GEMM fusion can take it as its operand's producer).
   """
-  if merge == "reduce":
-    m_max = m_BxKxSxG.max(axis=2, keepdims=True)
-    w = jnp.exp(m_BxKxSxG - m_max)  # [B, K, splits, G]; 0 for empty splits
-    return (o_BxKxSxGxH * w[..., None]).sum(axis=2) / (l_BxKxSxG * w).sum(axis=2)[..., None]
-  splits = m_BxKxSxG.shape[2]
-  m = [m_BxKxSxG[:, :, s] for s in range(splits)]
-  m_max = functools.reduce(jnp.maximum, m)
-  w = [jnp.exp(ms - m_max) for ms in m]
-  num = functools.reduce(jnp.add, [o_BxKxSxGxH[:, :, s] * w[s][..., None] for s in range(splits)])
-  den = functools.reduce(jnp.add, [l_BxKxSxG[:, :, s] * w[s] for s in range(splits)])
-  return num / den[..., None]
+  m_max = m_BxKxSxG.max(axis=2, keepdims=True)
+  w = jnp.exp(m_BxKxSxG - m_max)  # [B, K, splits, G]; 0 for empty splits
+  return (o_BxKxSxGxH * w[..., None]).sum(axis=2) / (l_BxKxSxG * w).sum(axis=2)[..., None]
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "padded", "balance", "merge",
-                                             "num_warps", "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_splits", "groups", "padded", "balance", "num_warps",
+                                             "num_stages", "interpret"))
 def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, ranges: SlotRanges, *,
                      block_k: int = BLOCK_K, num_splits: int = 0, groups: int = 0, padded: bool = False,
-                     balance: bool = BALANCE, merge: str = MERGE, num_warps: int = 4, num_stages: int = NUM_STAGES,
+                     balance: bool = BALANCE, num_warps: int = 4, num_stages: int = NUM_STAGES,
                      interpret: bool = False) -> Array:
   """Softmax(q k^T / sqrt(H)) v over the visible slots; returns [B, K, G, H] in q's dtype.
 
@@ -202,11 +185,9 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   so); G = groups. padded (with groups): the caller takes [B, K, padded_rows(groups), H] too, the padding rows'
   values meaningless (decode_oproj's `groups` reads only the real rows). One split then returns its output as
   written (slicing the real rows would be a copy); several splits return [B, K, G, H] anyway (the merge fusion
-  drops the padding rows as it reads, and more rows would only cost it). merge: how the splits are combined
-  (merge_splits).
+  drops the padding rows as it reads, and more rows would only cost it). num_splits: the splits per row and KV
+  head (0: default_splits for this process' first device), merged by merge_splits.
   """
-  if merge not in _MERGES:
-    raise ValueError(f"merge must be one of {_MERGES}, got {merge!r}")
   b, kh, g, h = q_BxKxGxH.shape
   if groups:
     if g != padded_rows(groups):
@@ -218,7 +199,7 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   if not supported(s, ranges.gen_start, h, block_k):
     raise ValueError(f"decode_attention needs S ({s}) and gen_start ({ranges.gen_start}) multiples of "
                      f"block_k ({block_k}) and head_dim ({h}) a multiple of 16")
-  splits = num_splits or _num_splits(b, kh, s // block_k)
+  splits = num_splits or default_splits(b, kh, s, tiles.sm_count(), block_k)
   if not balance and (s // block_k) % splits:
     raise ValueError(f"{splits} splits do not divide {s // block_k} blocks")
   split_len = s // splits
@@ -258,4 +239,4 @@ def decode_attention(q_BxKxGxH: Array, k_BxKxSxH: Array, v_BxKxSxH: Array, range
   o, m, l = outs
   # Merge the splits' partial softmaxes of the G real query rows (dropping the padding rows first lets XLA fuse
   # the slice into the merge instead of launching a separate slice kernel per layer).
-  return merge_splits(o[..., :g, :], m[..., :g], l[..., :g], merge).astype(q_BxKxGxH.dtype)
+  return merge_splits(o[..., :g, :], m[..., :g], l[..., :g]).astype(q_BxKxGxH.dtype)

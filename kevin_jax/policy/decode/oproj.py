@@ -1,12 +1,12 @@
 """The attention's output projection and the residual add of a decode step as one Pallas kernel:
-h + o @ W_o ([B, N*H] x [N*H, D]) in h's dtype (ModelConfig.decode_out).
+h + o @ W_o ([B, N*H] x [N*H, D]) in h's dtype (DecodeConfig.out).
 
 In a decode step XLA runs the o projection as a GEMM split along N*H into fp32 partials, then one Triton fusion
 that sums them, adds the residual and computes the post-attention RMSNorm without storing the sum; the residual
 add after the MLP recomputes that sum. Here program (i, j) owns rows [i*block_m, ...) and columns [j*block_n, ...)
 of the output: it loops over N*H in `block_k` slices with an fp32 accumulator, adds the residual (loaded before the
 loop) and writes h + o @ W_o once. The post-attention RMSNorm is not here: XLA's fusion applies it, or, with
-ModelConfig.decode_norm 'fold' or 'inside', the SwiGLU kernel that reads this output.
+DecodeConfig.norm 'fold' or 'inside', the SwiGLU kernel that reads this output.
 
 With `groups` the kernel takes decode_attention's padded output [B, K, G_pad, H] as it is (one attention split:
 decode_attention's `padded`) and loops over the real heads one H-wide slice at a time, so no XLA slice of the
@@ -16,7 +16,7 @@ Numbers: fp32 accumulation and residual add, one rounding (XLA's path rounds o @
 the add). tests/test_policy_decode_oproj.py compares with a float64 reference in interpret mode (fp32) and checks
 the Triton lowering on the CPU; its GPU test compares on the GPU.
 
-ModelConfig.decode_out 'auto' runs the kernel only where the q/k/v and SwiGLU kernels apply the norms inside: then
+DecodeConfig.out 'auto' runs the kernel only where the q/k/v and SwiGLU kernels apply the norms inside: then
 both norm fusions of a layer go (+1.9 % decode tokens/s at the 0.5B shape, B = 64, experiments/sampler_kernels);
 with XLA's norms the kernel made the step slower (BENCHMARKS.md Sampler). Its time is mostly a fixed cost per
 kernel (longer loops are slower; more programs, in 32- or 16-row blocks, were no faster), so BLOCK_M is 64.
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy import decode_tiles
-from kevin_jax.policy.decode_tiles import pick_block
+from kevin_jax.policy.decode import tiles as decode_tiles
+from kevin_jax.policy.decode.tiles import pick_block
 
 Array = jax.Array
 BLOCK_N = 16  # Output columns per program at most: D = 896 gives 56 programs (the GEMM reads 1.6 MB).

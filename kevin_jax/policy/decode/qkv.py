@@ -24,9 +24,9 @@ exact dots), checks that the kernel lowers to Triton, and (marker gpu) compares 
 Requirements (`supported`): head_dim / 2 a multiple of block_w, D a multiple of 16, and the batch a multiple of
 16 (row blocks are powers of two >= 16 that divide it: no masked rows).
 
-ModelConfig.decode_qkv='auto' uses the kernel (+3.6 % decode tokens/s at the 0.5B shape, B = 64;
+DecodeConfig.qkv='auto' uses the kernel (+3.6 % decode tokens/s at the 0.5B shape, B = 64;
 experiments/sampler_kernels). The norm comes from XLA's fusion before it, or from the kernel itself
-(ModelConfig.decode_norm): from the Gram matrix of the x slices, never by scaling x before the dots
+(DecodeConfig.norm): from the Gram matrix of the x slices, never by scaling x before the dots
 (decode_tiles.dot_pair). The epilogue's loads (the slot, the biases, cos/sin) are issued before the dot loop, so
 their latency overlaps the loop's.
 
@@ -48,9 +48,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kevin_jax.policy import decode_attention
-from kevin_jax.policy import decode_tiles
-from kevin_jax.policy.decode_tiles import pick_block
+from kevin_jax.policy.decode import attention as decode_attention
+from kevin_jax.policy.decode import tiles as decode_tiles
+from kevin_jax.policy.decode.tiles import pick_block
 
 Array = jax.Array
 BLOCK_W = 16  # Columns of each half-head per program (Triton's smallest matmul tile): 2 programs per 64-wide head.
@@ -217,7 +217,7 @@ def qkv_rope_cache(x_BxD: Array, w_q_DxNxH: Array, w_k_DxKxH: Array, w_v_DxKxH: 
   [N, H], [K, H]; caches [B, K, S, H]. x is the layer's normed input, or with inv_rms_B (fp32 [B]) or rms_eps its
   raw input: the kernel then multiplies each row's projection by inv_rms_B, or by 1/rms = rsqrt(mean(x^2) +
   rms_eps) computed in the kernel, before the bias (the RMSNorm, its scale folded into the weights by the caller:
-  RMSNorm.fold).
+  step.fold).
 
   prefetch_ranges (the slots the decode step attends) with prefetch_splits > 0 and prefetch_blocks > 0: extra
   programs, one per row, KV head and split of decode_attention (balanced splits, prefetch_splits of them), load the

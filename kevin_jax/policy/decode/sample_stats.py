@@ -1,7 +1,7 @@
 """The sampling step's statistics over the vocabulary's column chunks in one Pallas pass (sample_logits(stats=)).
 
 A decode step with temperature sampling needs, per row and per column chunk c of the [B, V] fp32 logits x (the
-chunks of sampler._chunked: C = min(chunks, V // 256) of width W = ceil(V / C), the last one short):
+chunks of sampling._chunked: C = min(chunks, V // 256) of width W = ceil(V / C), the last one short):
 - m_raw = max x and s_raw = sum exp(x - m_raw) (the raw log-sum-exp: log_softmax(x)[token], the GRPO log-prob);
 - m_masked = max z, z = x with the columns >= valid_vocab set to NEG, and s_scaled = sum exp(z / T -
   m_masked / T) (the sampled distribution's log-sum-exp and the chunk masses of the two-stage Gumbel draw).
@@ -16,7 +16,7 @@ Numbers: fp32, with exp((z - m_masked) * (1 / T)) for XLA's exp(z / T - m_masked
 a division and a second rounding), another order of summation, and each sum rescaled when its running maximum
 grows: the sums differ from XLA's by a few fp32 roundings (tests/test_policy_sample_stats.py: relative 2e-6 against
 the jnp reference, which divides as XLA does). A chunk of -inf only gives max -inf and sum 0, as
-sampler._chunk_stats does.
+sampling._chunk_stats does.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ BLOCK_M = 1  # rows per program at most (the largest power of two dividing B up 
 
 
 def chunk_layout(vocab: int, chunks: int) -> tuple[int, int]:
-  """(C, W): the sampling step's column chunks of a V = vocab row (sampler._chunked's view, this kernel's
+  """(C, W): the sampling step's column chunks of a V = vocab row (sampling._chunked's view, this kernel's
   programs): C = min(chunks, V // MIN_WIDTH) chunks of W = ceil(V / C) columns; C < 2 means no chunks (sampler's
   one-stage path)."""
   c = min(chunks, vocab // MIN_WIDTH)
@@ -96,7 +96,7 @@ def chunk_stats(logits_BxV: Array, temperature: Array, *, chunks: int, valid_voc
                 block_m: int = BLOCK_M, num_warps: int = 4, num_stages: int = 3,
                 interpret: bool = False) -> tuple[Array, Array, Array, Array]:
   """(m_raw, s_raw, m_masked, s_scaled), each fp32 [B, C], of the logits [B, V] (any float dtype, read as fp32)
-  over sampler._chunked's C column chunks (module docstring); temperature: a scalar > 0. Needs C >= 2; block_n (a
+  over sampling._chunked's C column chunks (module docstring); temperature: a scalar > 0. Needs C >= 2; block_n (a
   power of two >= 16) shrinks by halves to the smallest power of two covering a chunk, and to at most V."""
   b, v = logits_BxV.shape
   c, width = chunk_layout(v, chunks)
@@ -129,7 +129,7 @@ def chunk_stats(logits_BxV: Array, temperature: Array, *, chunks: int, valid_voc
 
 
 def reference(logits_BxV: Array, temperature: Array, *, chunks: int, valid_vocab: int) -> tuple[Array, ...]:
-  """chunk_stats in jnp over the padded [B, C, W] view (sampler._chunked's), for the tests."""
+  """chunk_stats in jnp over the padded [B, C, W] view (sampling._chunked's), for the tests."""
   b, v = logits_BxV.shape
   c, width = chunk_layout(v, chunks)
   x = jnp.pad(logits_BxV.astype(jnp.float32), ((0, 0), (0, c * width - v)), constant_values=-jnp.inf)
