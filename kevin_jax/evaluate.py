@@ -251,6 +251,7 @@ def run(config, workdir: str) -> None:
   if config.evaluation.max_tasks:
     specs = specs[:config.evaluation.max_tasks]
     sources = {s.id: sources[s.id] for s in specs}
+  config = runtime.fit_context_to_tasks(config, sources)
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
   runtime.check_host_memory(config, policy, warm_start=False, rl=False)

@@ -230,6 +230,8 @@ def run(config, workdir: str) -> None:
   budget = TimeBudget(config.time_budget_s, config.time_budget_eval_s)  # From the job's start (warm start too).
   runtime.require_gpu_for_evaluator(config)
   specs, sources = runtime.load_tasks(config, "train")
+  if config.rollout.context_from_tasks:  # Every task the job prompts: the training and evaluation splits.
+    config = runtime.fit_context_to_tasks(config, runtime.load_tasks(config, "all")[1])
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
   runtime.check_host_memory(config, policy, warm_start=bool(config.sft.before_rl and not runtime.start_source(config)),
