@@ -278,9 +278,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rollout.context_from_tasks = True  # KernelBench prompts reach ~2.2k tokens with the bundled tokenizer.
   c.sft.corpus_sources = ("bundled", "generated")  # KernelBench has no solutions: warm start on ours.
   c.evaluation.in_training_splits = ("test",)  # The 20 held-out tasks.
-  if "runlocal" in names:  # A small world: its corpus is built in seconds (the warm start takes 8 examples).
-    c.tasks.world_train = 4
+  c.evaluation.standard_report = True  # The closing evaluation's standard report in workdir/report.
+  if "runlocal" in names:  # Warm start (1 step), 1 RL step, the closing evaluation and report: < 90 s on 2 cores.
+    c.tasks.world_train = 4  # A small world: its corpus is built in seconds.
     c.tasks.world_heldout_compositions = 1
     c.tasks.world_heldout_styles = 1
     c.total_steps = 1
+    c.sft.steps = 1
+    c.sft.eval_every_steps = 0  # No held-out loss or samples in the warm start.
+    c.rollout.max_context_tokens = 0  # The prompt budget is the longest task prompt, rounded up (no floor).
+    c.evaluation.in_training_first = False  # Only the closing evaluation.
   return c

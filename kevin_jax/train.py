@@ -137,17 +137,20 @@ class InTrainingEval:
       return e.in_training_first
     return step == last or (e.in_training_every > 0 and step % e.in_training_every == 0)
 
-  def __call__(self, step: int, params, reward) -> dict[str, float]:
+  def __call__(self, step: int, params, reward, final: bool = False) -> dict[str, float]:
+    """Evaluates every split; `final` (the closing evaluation) with evaluation.standard_report also writes the
+    standard report of all splits' turns into workdir/report."""
     if self._writer is None:
       self._writer = metrics_lib.MetricWriter(self.workdir, tensorboard=self.config.logging.tensorboard,
                                               filename="eval_metrics.jsonl", tensorboard_dir="tensorboard_eval")
-    out = {}
+    out, records = {}, []
     for i, (split, (ids, sources)) in enumerate(self.splits.items()):
       summary, turns = evaluate.evaluate_policy(
           ids, sources, self.settings, seed=1_000_003 * (self.config.seed + 1) + i,
           generate=make_generate(self.policy, params, self.settings.temperature), reward=reward,
           encode_chat=self.policy.encode_chat, novelty_index=self.novelty_index)
       _save_turns(self.workdir, step, turns, subdir="eval_rollouts", suffix=f"_{split}")
+      records += [t.record(step) for t in turns]
       out.update({f"{split}/{k}": v for k, v in summary.items()})
       k = self.settings.trajectories
       logging.info("eval at step %d, %s split (%d tasks, %d x %d): kernel score mean %.3f, kernels correct %.1f%%, "
@@ -158,6 +161,8 @@ class InTrainingEval:
                    summary["time/generate_s"], summary["time/evaluate_s"], summary["evaluator/gpu_runs"],
                    summary["evaluator/gpu_s"], summary["evaluator/cached"])
     self._writer.write(step, out)
+    if final and self.config.evaluation.standard_report:
+      evaluate.write_standard_report(self.config, records, os.path.join(self.workdir, "report"))
     return out
 
   def close(self) -> None:
@@ -299,7 +304,7 @@ def run(config, workdir: str) -> None:
         runtime.export_hf(policy, state.params, hf_dir)
       if in_eval.due(step, last):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
         with budget.timing("eval"):
-          in_eval(step, state.params, reward)
+          in_eval(step, state.params, reward, final=step == last)
       if step % config.checkpoint.every_steps == 0 or step == last:
         ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
       if step == last:
