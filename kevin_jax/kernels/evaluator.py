@@ -79,6 +79,7 @@ class EvaluatorConfig:
   dedupe: bool = True
   result_cache: int = 0  # Results kept for identical (task, candidate) pairs of later batches (LRU entries); 0 = off.
   feedback_max_chars: int = 2000
+  compile_baseline: bool = False
 
   def __post_init__(self):
     self.input_distributions = tuple(self.input_distributions)
@@ -114,7 +115,7 @@ class EvaluatorConfig:
     keys = ("correctness_trials", "timing_runs", "timing_max_s", "timing_min_runs", "warmup_runs", "atol", "rtol",
             "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
             "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
-            "max_local_memory_bytes", "max_static_device_bytes")
+            "max_local_memory_bytes", "max_static_device_bytes", "compile_baseline")
     return {k: getattr(self, k) for k in keys}
 
 
