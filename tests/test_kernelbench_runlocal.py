@@ -4,7 +4,8 @@
       --config.evaluator.backend=scripted
 
 through the warm start (the bundled suite's and a small generated world's corpora), 1 RL step, the closing
-evaluation and the standard report; plus the start-up errors for a missing or wrong task folder.
+evaluation and the standard report, at a peak resident memory under 4 GiB; plus the start-up errors for a missing
+or wrong task folder.
 """
 
 import csv
@@ -17,7 +18,7 @@ from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
 from kevin_jax.policy.tokenizer import load_tokenizer
 from kevin_jax.rl import prompts
-from tests.test_runlocal import ROOT, _user_env
+from tests.test_runlocal import _PEAK, ROOT, _user_env
 
 _TASK = '''import torch
 import torch.nn as nn
@@ -67,8 +68,10 @@ def make_tree(root) -> str:
   return str(kb)
 
 
-def _main(*flags, timeout=300):
-  return subprocess.run([sys.executable, "-m", "kevin_jax.main", *flags], cwd=ROOT, env=_user_env(),
+def _main(*flags, timeout=300, peak_file=None):
+  """The job as a user types it; with `peak_file`, through a wrapper that writes its peak resident memory there."""
+  wrap = [sys.executable, "-c", _PEAK, str(peak_file)] if peak_file else []
+  return subprocess.run([*wrap, sys.executable, "-m", "kevin_jax.main", *flags], cwd=ROOT, env=_user_env(),
                         capture_output=True, text=True, timeout=timeout)
 
 
@@ -76,7 +79,8 @@ def test_kernelbench_runlocal_warm_start_one_rl_step_and_standard_report(tmp_pat
   kb, wd = make_tree(tmp_path), tmp_path / "run"
   r = _main("--config=configs/kernelbench.py:runlocal", f"--config.tasks.source={kb}",
             "--config.evaluator.backend=scripted", f"--config.tasks.train_ids={TRAIN!r}",
-            f"--config.tasks.test_ids={TEST!r}", "--config.logging.tensorboard=False", f"--workdir={wd}")
+            f"--config.tasks.test_ids={TEST!r}", "--config.logging.tensorboard=False", f"--workdir={wd}",
+            peak_file=tmp_path / "peak")
   assert r.returncode == 0, r.stderr[-4000:]
   # The warm start trained on the bundled suite's and the generated world's corpora (KernelBench has none).
   sft_steps = metrics_lib.read_metrics(str(wd / "sft" / "metrics.jsonl"))
@@ -104,6 +108,8 @@ def test_kernelbench_runlocal_warm_start_one_rl_step_and_standard_report(tmp_pat
   md = (wd / "report" / "standard_report.md").read_text()
   assert "Task source commit: unknown. GPU: none (scripted)." in md
   assert (wd / "report" / "standard_report.png").stat().st_size > 0
+  peak_bytes = int((tmp_path / "peak").read_text()) * (1 if sys.platform == "darwin" else 1024)
+  assert peak_bytes < 4 * 2**30, f"peak resident memory {peak_bytes / 2**30:.2f} GiB"
 
 
 def test_missing_or_wrong_task_source_is_named(tmp_path):
