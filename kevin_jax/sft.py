@@ -5,8 +5,8 @@
 
 Trains config.policy (the embedded 'small' preset with the bundled tokenizer and random init by default, or
 config.init_from / policy.checkpoint) with token-level cross-entropy on the response tokens of a JSONL corpus
-(kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the bundled suite's corpus from
-kevin_jax/data/export_corpus.py).
+(kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the corpus of the task source, or of
+sft.corpus_sources, built by kevin_jax/data/export_corpus.py).
 The step (kevin_jax/rl/sft_step.py) reuses the GRPO learner's state layout, shardings, master weights and
 chunked log-probs, jitted once per (batch, length bucket).
 

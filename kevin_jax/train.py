@@ -11,7 +11,9 @@ checkpoints in workdir/checkpoints, and after the last step the trained policy a
 workdir/hf (checkpoint.export_hf; written before the closing evaluation, so a job killed during that evaluation
 still leaves the trained weights). Before step 1, every `evaluation.in_training_every` steps and after the last,
 it evaluates the current policy on fixed task splits (InTrainingEval: workdir/eval_metrics.jsonl, step 0 = the
-starting policy). Rerunning with the same workdir resumes from the latest checkpoint: step,
+starting policy); with evaluation.standard_report the closing evaluation also writes the field's standard report
+(kevin_jax/report/standard.py) to workdir/report. With rollout.context_from_tasks the prompt budget is first raised
+to the longest task prompt (runtime.fit_context_to_tasks). Rerunning with the same workdir resumes from the latest checkpoint: step,
 parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
 resumed run reproduces an uninterrupted one.
 

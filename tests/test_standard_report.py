@@ -14,16 +14,16 @@ def _rec(task, traj, turn, status, speedup=None, compile_speedup=None):
           "result": {"status": status, "speedup": speedup, "details": details}}
 
 
-# 4 tasks x 2 trajectories x 2 turns.
+# 4 tasks x 2 trajectories x 2 turns; trajectory ids numbered across tasks, as rollouts number them.
 RECORDS = [
     _rec("A", 0, 0, "incorrect"), _rec("A", 0, 1, "correct", 1.2, 0.8),
     _rec("A", 1, 0, "correct", 0.5, "n/a"), _rec("A", 1, 1, "correct", 2.5, 1.6),
-    _rec("B", 0, 0, "incorrect"), _rec("B", 0, 1, "compile_error"),
-    _rec("B", 1, 0, "incorrect"), _rec("B", 1, 1, "incorrect"),
-    _rec("C", 0, 0, "correct", 1.0, "n/a"), _rec("C", 0, 1, "compile_error"),
-    _rec("C", 1, 0, "compile_error"), _rec("C", 1, 1, "compile_error"),
-    _rec("D", 0, 0, "incorrect"), _rec("D", 0, 1, "correct", 0.25, 0.1),
-    _rec("D", 1, 0, "incorrect"), _rec("D", 1, 1, "incorrect"),
+    _rec("B", 2, 0, "incorrect"), _rec("B", 2, 1, "compile_error"),
+    _rec("B", 3, 0, "incorrect"), _rec("B", 3, 1, "incorrect"),
+    _rec("C", 4, 0, "correct", 1.0, "n/a"), _rec("C", 4, 1, "compile_error"),
+    _rec("C", 5, 0, "compile_error"), _rec("C", 5, 1, "compile_error"),
+    _rec("D", 6, 0, "incorrect"), _rec("D", 6, 1, "correct", 0.25, 0.1),
+    _rec("D", 7, 0, "incorrect"), _rec("D", 7, 1, "incorrect"),
 ]
 LEVELS = {"A": 1, "B": 1, "C": 1, "D": 2}
 SPLITS = {"A": "train", "B": "train", "C": "test", "D": "train"}
@@ -65,6 +65,8 @@ def test_geometric_means_over_correct_tasks():
 
 
 def test_best_and_avg_at_k_per_turn():
+  assert standard.build(RECORDS, LEVELS, SPLITS)["trajectories"] == 2
+  assert _groups()[(1, "test")]["turns"][0]["correct_avg"] == 0.5  # C: 1 of its 2 trajectories.
   turns = _groups()[(1, "train")]["turns"]
   assert [t["turn"] for t in turns] == [1, 2]
   assert turns[0]["correct_best"] == 0.5 and turns[0]["correct_avg"] == 0.25
@@ -78,7 +80,7 @@ def test_write_markdown_csv_and_plot(tmp_path):
                          source_commit="423217d", device="no GPU")
   assert all((tmp_path / p).is_file() for p in paths)
   md = (tmp_path / "standard_report.md").read_text()
-  assert "Task source commit: 423217d. GPU: no GPU." in md
+  assert "Task source commit: 423217d. GPU: no GPU. 2 trajectories per task" in md
   assert "| all | all | 4 | 75.0% |" in md
   rows = list(csv.DictReader(open(tmp_path / "standard_tasks.csv")))
   assert [r["task_id"] for r in rows] == ["A", "B", "C", "D"]

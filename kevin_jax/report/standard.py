@@ -77,13 +77,15 @@ def group_summary(rows: Sequence[dict]) -> dict:
 
 
 def _matrices(recs: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
-  k = 1 + max(int(r["traj"]) for r in recs)
+  """One task's [K, N] correctness and speedup (0 where not correct); trajectory ids (rollouts number them across
+  tasks) become rows in sorted order."""
+  rows = {t: i for i, t in enumerate(sorted({int(r["traj"]) for r in recs}))}
   n = 1 + max(int(r["turn"]) for r in recs)
-  correct, speedup = np.zeros((k, n), bool), np.zeros((k, n))
+  correct, speedup = np.zeros((len(rows), n), bool), np.zeros((len(rows), n))
   for r in recs:
     ok = r["result"].get("status") == "correct"
-    correct[int(r["traj"]), int(r["turn"])] = ok
-    speedup[int(r["traj"]), int(r["turn"])] = float(r["result"].get("speedup") or 0.0) if ok else 0.0
+    correct[rows[int(r["traj"])], int(r["turn"])] = ok
+    speedup[rows[int(r["traj"])], int(r["turn"])] = float(r["result"].get("speedup") or 0.0) if ok else 0.0
   return correct, speedup
 
 
@@ -109,8 +111,10 @@ def build(records: Sequence[dict], levels: dict[str, int], splits: dict[str, str
     ids = [r["task_id"] for r in mine]
     groups.append({"level": level, "split": split, **group_summary(mine),
                    "turns": turn_table([x for x in records if x["task_id"] in set(ids)], ids)})
-  k = max((int(r["traj"]) + 1 for r in records), default=0)
-  return {"tasks": rows, "groups": groups, "trajectories": k}
+  per_task: dict[str, set] = {}
+  for r in records:
+    per_task.setdefault(r["task_id"], set()).add(int(r["traj"]))
+  return {"tasks": rows, "groups": groups, "trajectories": max(map(len, per_task.values()), default=0)}
 
 
 def _pct(v) -> str:
