@@ -13,9 +13,9 @@ still leaves the trained weights). Before step 1, every `evaluation.in_training_
 it evaluates the current policy on fixed task splits (InTrainingEval: workdir/eval_metrics.jsonl, step 0 = the
 starting policy); with evaluation.standard_report the closing evaluation also writes the field's standard report
 (kevin_jax/report/standard.py) to workdir/report. With rollout.context_from_tasks the prompt budget is first raised
-to the longest task prompt (runtime.fit_context_to_tasks). Rerunning with the same workdir resumes from the latest checkpoint: step,
-parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
-resumed run reproduces an uninterrupted one.
+to the longest task prompt (runtime.fit_context_to_tasks). Rerunning with the same workdir resumes from the latest
+checkpoint: step, parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed,
+step), so a resumed run reproduces an uninterrupted one.
 
 `time_budget_s` > 0 bounds the job's wall time: after each step it checks that another step (as long as this
 one) and the closing evaluation (as long as this run's longest evaluation), plus this step's own periodic

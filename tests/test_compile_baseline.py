@@ -1,5 +1,5 @@
-"""kevin_jax/kernels/compile_baseline.py's result fields (the GPU timing itself: tests/test_kernelbench_reference_gpu.py)
-and the setting that turns it on (off by default)."""
+"""kevin_jax/kernels/compile_baseline.py's result fields (the GPU timing itself: tests/test_kernelbench_reference.py's
+GPU test) and the setting that turns it on (off by default)."""
 
 import types
 

@@ -68,7 +68,7 @@ def make_tree(root) -> str:
   return str(kb)
 
 
-def _main(*flags, timeout=300, peak_file=None):
+def _main(*flags, timeout=900, peak_file=None):
   """The job as a user types it; with `peak_file`, through a wrapper that writes its peak resident memory there."""
   wrap = [sys.executable, "-c", _PEAK, str(peak_file)] if peak_file else []
   return subprocess.run([*wrap, sys.executable, "-m", "kevin_jax.main", *flags], cwd=ROOT, env=_user_env(),

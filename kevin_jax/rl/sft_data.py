@@ -135,8 +135,8 @@ def corpus_tasks(config) -> list[tuple[str, list[str]]]:
 
 def warm_start_texts(config, test_task_ids: Iterable[str] = ()) -> list[str]:
   """The candidate texts of the warm-start corpus's responses, what the novelty metric compares kernels with:
-  config.sft.corpus's, or the corpus of sft.corpus_sources / config.tasks (sft.corpus_kinds, sft.corpus_reasoning) without the
-  examples of `test_task_ids` when sft.exclude_test_tasks (those are never trained on)."""
+  config.sft.corpus's, or the corpus of sft.corpus_sources / config.tasks (sft.corpus_kinds, sft.corpus_reasoning)
+  without the examples of `test_task_ids` when sft.exclude_test_tasks (those are never trained on)."""
   s = config.sft
   if s.corpus:
     records = read_corpus(s.corpus)
