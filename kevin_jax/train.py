@@ -14,8 +14,8 @@ it evaluates the current policy on fixed task splits (InTrainingEval: workdir/ev
 starting policy); with evaluation.standard_report the closing evaluation (step 0 with total_steps=0) also writes
 the field's standard report (kevin_jax/report/standard.py) to workdir/report. With rollout.context_from_tasks the
 prompt budget is first raised to the longest task prompt (runtime.fit_context_to_tasks). Rerunning with the same
-workdir resumes from the latest checkpoint: step, parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed,
-step), so a resumed run reproduces an uninterrupted one.
+workdir resumes from the latest checkpoint: step, parameters, optimizer, RNG and task-sampler state; every step's
+randomness derives from (seed, step), so a resumed run reproduces an uninterrupted one.
 
 `time_budget_s` > 0 bounds the job's wall time: after each step it checks that another step (as long as this
 one) and the closing evaluation (as long as this run's longest evaluation), plus this step's own periodic
