@@ -2,9 +2,20 @@
 
 Run (from the repository root; DIR is a checkout's `KernelBench/` folder holding level1/ and level2/):
   python -m kevin_jax.main --config=configs/kernelbench.py --config.tasks.source=DIR --workdir=runs/kb
+  python -m kevin_jax.main --config=configs/kernelbench.py --config.tasks.source=DIR --workdir=runs/kb_hf \\
+      --config.policy.checkpoint=HF_DIR        # a local Hugging Face checkpoint instead: no warm start
   python -m kevin_jax.kernels.check_tasks --source DIR --levels 1,2      # list and validate the tasks first
-Presets (after a colon, comma-separated; multiturn.py's presets apply too, e.g. `:paper` for the 32B recipe):
-  v0   file names of KernelBench v0 (before July 2025), where level1/97 is 97_CosineSimilarityLoss.
+  python -m kevin_jax.main --config=configs/eval.py:kernelbench --config.tasks.source=DIR \\
+      --config.evaluation.checkpoint=runs/kb/hf --workdir=runs/kb_eval  # the standard report (configs/eval.py)
+The embedded policy (no policy.checkpoint) warm starts on the corpora of the bundled suite and the generated task
+world (sft.corpus_sources; KernelBench has no solutions to learn from), then runs RL on the training split. The
+prompt budget follows the tasks (rollout.context_from_tasks): the longest first-turn prompt, measured with the
+policy's tokenizer, sets rollout.max_context_tokens; a task that cannot fit the model's context is named.
+Presets (after a colon, comma-separated; multiturn.py's presets apply too):
+  runlocal  multiturn.py's smoke run (tiny policy, 2 tasks, 2 x 2 turns) with a small generated world for the
+            warm start's corpus: a 2-core CPU with --config.evaluator.backend=scripted, under 4 GB.
+  paper     the 32B recipe (multiturn.py), with this file's task settings.
+  v0        file names of KernelBench v0 (before July 2025), where level1/97 is 97_CosineSimilarityLoss.
 
 The paper trains on 180 KernelBench tasks (90 from level 1, 90 from level 2) and holds out the remaining 20
 [P §1 "Dataset (train)"], without saying which. Held-out choice here, deterministic and independent of any RNG
@@ -259,8 +270,24 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   names = [a for a in arg.split(",") if a]
   c = multiturn.get_config(",".join(n for n in names if n != "v0"))
   train, test = split_ids(v0="v0" in names)
-  c.tasks.source = "KernelBench/KernelBench"  # Path to a checkout's KernelBench/ folder (override on the CLI).
+  c.tasks.source = ""  # A checkout's KernelBench/ folder: required (--config.tasks.source=DIR).
+  c.tasks.layout = "kernelbench"  # Checked at start: DIR/level1/, DIR/level2/ hold task files.
   c.tasks.levels = (1, 2)  # KernelBench levels 1 and 2 [P §1].
   c.tasks.train_ids = train  # 90 level-1 + 90 level-2 task ids [P §1].
   c.tasks.test_ids = test  # The 10 + 10 held out (sha256 rule above).
+  c.rollout.context_from_tasks = True  # KernelBench prompts reach ~2.2k tokens with the bundled tokenizer.
+  c.sft.corpus_sources = ("bundled", "generated")  # KernelBench has no solutions: warm start on ours.
+  c.sft.steps = 2000  # A fixed count, not 30 epochs: the world's 800 training tasks dwarf the suite's 43. About
+  #   twice the default job's warm start (~1,100 steps on the bundled corpus).
+  c.evaluation.in_training_splits = ("test",)  # The 20 held-out tasks.
+  c.evaluation.standard_report = True  # The closing evaluation's standard report in workdir/report.
+  if "runlocal" in names:  # Warm start (1 step), 1 RL step, the closing evaluation and report: < 90 s on 2 cores.
+    c.tasks.world_train = 4  # A small world: its corpus is built in seconds.
+    c.tasks.world_heldout_compositions = 1
+    c.tasks.world_heldout_styles = 1
+    c.total_steps = 1
+    c.sft.steps = 1
+    c.sft.eval_every_steps = 0  # No held-out loss or samples in the warm start.
+    c.rollout.max_context_tokens = 0  # The prompt budget is the longest task prompt, rounded up (no floor).
+    c.evaluation.in_training_first = False  # Only the closing evaluation.
   return c

@@ -82,6 +82,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   warm start's prompts are built within it too (sft.fit_prompts), and 3072 + sampler.max_new_tokens =
   #   sft.max_seq_len. Paper: 8192 [P §1 "Token budgets"], set by the `paper` preset.
   c.rollout.feedback_max_chars = 2000  # Evaluator feedback kept per earlier turn, characters.
+  c.rollout.context_from_tasks = False  # At start, raise max_context_tokens to the job's longest first-turn task
+  #   prompt (the policy's tokenizer, rounded up to 256 tokens; a prompt bucket added to match); a task that cannot
+  #   fit the model's context with sampler.max_new_tokens stops the job, named (runtime.fit_context_to_tasks).
   c.rollout.save_turns = True  # Write every turn (prompt id, response, result) to workdir/rollouts/*.jsonl.
 
   # --- RL: Kevin's GRPO variant [P §2, §3]. ---
@@ -185,6 +188,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.spare_workers = True  # Keep one pre-started spare GPU worker per slot (instant replacement).
   c.evaluator.dedupe = True  # Evaluate identical (task, candidate) pairs of a batch once.
   c.evaluator.feedback_max_chars = 2000  # Length limit of the feedback message, characters.
+  c.evaluator.compile_baseline = False  # Also time the reference under torch.compile (a second reference timing,
+  #   as KernelBench reports; kernels/compile_baseline.py): result field speedup_compile, 'n/a' if it fails.
 
   # --- Tasks: the bundled suite or a KernelBench checkout. ---
   c.tasks = ml_collections.ConfigDict()
@@ -198,6 +203,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   together in training (held out by a sha256 rule on the pair) and a size never seen in training.
   c.tasks.world_heldout_styles = 16  # Generated tasks per family of training compositions whose warm-start corpus
   #   entries are naive kernels only: a faster correct kernel there is not a copy of any corpus response.
+  c.tasks.layout = "any"  # What tasks.source must be: any | kernelbench (a checkout's KernelBench/ folder with a
+  #   level<N>/ folder for every tasks.levels; checked at start, the error names what was looked for).
+  c.tasks.source_commit = ""  # The task source's commit, for reports ('' = read from the checkout's .git, else
+  #   'unknown').
   c.tasks.levels = (1, 2)  # Levels loaded from a KernelBench directory (level1/, level2/ ...).
   c.tasks.train_ids = ()  # Explicit training task ids ('level1/19_ReLU'); () = deterministic split.
   c.tasks.test_ids = ()  # Explicit held-out task ids; () = the complement of train_ids.
@@ -218,6 +227,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluation.temperature = -1.0  # Sampling temperature of every evaluation (in-training and mode=evaluate);
   #   -1 = sampler.temperature (the rollouts'), 0 = greedy. Lets RL rollouts sample hotter than the evaluations.
   c.evaluation.budgets = ((16, 8), (32, 4), (128, 1))  # (trajectories, turns) at a fixed kernel budget [P Table 2].
+  c.evaluation.standard_report = False  # Also write the field's standard report (kevin_jax/report/standard.py):
+  #   per level and split correct %, fast_p, geometric-mean speedups vs eager and torch.compile, per-task table.
   c.evaluation.beam = False  # Also run the blog's beam search (keep best, clone, continue).
   c.evaluation.beam_width = 4  # Trajectories kept per round [blog: best 4 of 16].
   c.evaluation.beam_clones = 4  # Copies of each kept trajectory [blog: 4x, back to 16].
@@ -241,6 +252,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.corpus = ""  # JSONL, one {"messages": [...], "response": "..."} per line; '' = the bundled suite's
   #   corpus (kevin_jax/data/export_corpus.py: single-turn + feedback episodes if data/suite_results.json exists).
+  c.sft.corpus_sources = ()  # Task sources whose corpora the warm start trains on when sft.corpus is '' (() =
+  #   tasks.source's own). A task world gives its warm-start splits (train, heldout_styles), any other source all
+  #   its tasks. The KernelBench job, whose tasks have no solutions: ('bundled', 'generated').
   c.sft.corpus_kinds = ("single", "fix_wrong", "speed_up", "fix_then_speed_up", "retry_format", "keep_fast",
                         "fast_then_format", "format_twice", "first_wrong", "slow_again",
                         "wrong_again")  # Example kinds of the bundled corpus (export_corpus.ALL_KINDS, the
@@ -360,6 +374,7 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.policy.remat = "full"
       c.rl.scan_layers = True  # Remat only saves memory with scanned layers (Qwen2.hidden(scan=True)).
       c.tasks.source = "KernelBench/KernelBench"  # Point at a local checkout.
+      c.tasks.layout = "kernelbench"
       from configs import kernelbench  # pylint: disable=g-import-not-at-top
       c.tasks.train_ids, c.tasks.test_ids = kernelbench.split_ids()  # 90+90 train, 10+10 held out [P §1].
       c.evaluation.in_training_splits = ("test",)  # The 20 held-out tasks ...

@@ -2,9 +2,10 @@
 
 For a checkpoint and a task split: k trajectories x n turns per task, reported per turn as best@k / avg@k of
 correctness and performance (a trajectory's performance = its fastest correct kernel, 0 if none) and fast_1 /
-fast_1.5; the fixed-budget comparison of (trajectories, turns) pairs; optionally the beam search (keep the best
+fast_1.5; with evaluation.standard_report, the field's standard report (kevin_jax/report/standard.py); the
+fixed-budget comparison of (trajectories, turns) pairs; optionally the beam search (keep the best
 `width` trajectories of a task, clone each `clones` times, continue). Writes workdir/eval/results.md,
-results.csv, scaling.png and trajectories.jsonl.
+results.csv, scaling.png and trajectories.jsonl (and standard_report.md / *.csv / .png).
 """
 
 from __future__ import annotations
@@ -241,8 +242,30 @@ def _plot(report: dict, path: str) -> None:
   plt.close(fig)
 
 
+def write_standard_report(config, records: Sequence[dict], out_dir: str) -> list[str]:
+  """The field's standard report (kevin_jax/report/standard.py) of evaluation records (rollout.Turn.record), with
+  each task's level and split (train / test of config.tasks) and the task source's commit and GPU."""
+  from kevin_jax import cuda_driver  # pylint: disable=g-import-not-at-top
+  from kevin_jax import runtime  # pylint: disable=g-import-not-at-top
+  from kevin_jax.report import standard  # pylint: disable=g-import-not-at-top
+  levels, splits = {}, {}
+  for split in ("train", "test"):
+    try:
+      specs = runtime.load_tasks(config, split)[0]
+    except SystemExit:  # A source without this split.
+      continue
+    levels.update({s.id: s.level for s in specs})
+    splits.update({s.id: split for s in specs})
+  paths = standard.write(standard.build(records, levels, splits), out_dir,
+                         title=f"Standard report: {config.tasks.source or 'tasks'}",
+                         source_commit=standard.source_commit(config.tasks.source, config.tasks.source_commit),
+                         device=cuda_driver.describe() if config.evaluator.backend == "cuda" else "none (scripted)")
+  return paths
+
+
 def run(config, workdir: str) -> None:
-  """mode=evaluate: the policy from config.evaluation.checkpoint (Orbax run / HF dir) on a task split."""
+  """mode=evaluate: the policy from config.evaluation.checkpoint (Orbax run / HF dir; else policy.checkpoint, else
+  this workdir) on a task split."""
   from absl import logging  # pylint: disable=g-import-not-at-top
   from kevin_jax import runtime  # pylint: disable=g-import-not-at-top  (JAX: only when a job runs)
   from kevin_jax.train import make_generate  # pylint: disable=g-import-not-at-top
@@ -251,10 +274,11 @@ def run(config, workdir: str) -> None:
   if config.evaluation.max_tasks:
     specs = specs[:config.evaluation.max_tasks]
     sources = {s.id: sources[s.id] for s in specs}
+  config = runtime.fit_context_to_tasks(config, sources)
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
   runtime.check_host_memory(config, policy, warm_start=False, rl=False)
-  src = config.evaluation.checkpoint or workdir
+  src = config.evaluation.checkpoint or config.policy.checkpoint or workdir
   params = runtime.load_params(src, policy)
   reward = runtime.make_reward(config, config.tasks.source)
   settings = EvalSettings.from_config(config)
@@ -266,6 +290,10 @@ def run(config, workdir: str) -> None:
   finally:
     if hasattr(reward, "close"):
       reward.close()
+  if config.evaluation.standard_report:
+    with open(os.path.join(workdir, "eval", "trajectories.jsonl"), encoding="utf-8") as f:
+      records = [r for r in map(json.loads, f) if r["run"] == "main"]
+    write_standard_report(config, records, os.path.join(workdir, "eval"))
   last = report["per_turn"][-1]
   logging.info("evaluation of %s on %d tasks: correct best@k %.0f%%, perf best@k %.2fx (reports in %s)", src,
                len(specs), 100 * last["correct_best"], last["perf_best"], os.path.join(workdir, "eval"))

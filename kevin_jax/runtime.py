@@ -225,7 +225,11 @@ def load_tasks(config, split: str = "train") -> tuple[list[tasks_lib.TaskSpec], 
   heldout_compositions + suite, the tasks that have no warm-start corpus entries.
   """
   t = config.tasks
+  if t.layout not in ("any", "kernelbench"):
+    raise SystemExit(f"error: tasks.layout={t.layout!r}; expected 'any' or 'kernelbench'")
   try:
+    if t.layout == "kernelbench":
+      tasks_lib.check_kernelbench_tree(t.source, tuple(t.levels))
     source = task_source(config)
     worlds = tasks_lib.world_splits(source)
   except (FileNotFoundError, ValueError) as e:
@@ -292,6 +296,42 @@ def check_prompt_budget(policy: Policy, sources: dict[str, str], max_tokens: int
   if too_long:
     raise SystemExit(f"error: {len(too_long)} task prompts exceed the context budget of {limit} tokens "
                      f"(rollout.max_context_tokens / sampler.prompt_buckets): {dict(list(too_long.items())[:5])}")
+
+
+CONTEXT_ROUND = 256  # rollout.context_from_tasks rounds the longest prompt up to a multiple of this, tokens.
+
+
+def fit_context_to_tasks(config, sources: dict[str, str]):
+  """rollout.context_from_tasks: a copy of `config` whose rollout.max_context_tokens is at least the longest
+  first-turn prompt of `sources` (the policy's tokenizer), rounded up to CONTEXT_ROUND, with a sampler prompt
+  bucket that holds it; `config` itself when the flag is off or the budget already fits. Stops, naming the tasks,
+  when a prompt plus sampler.max_new_tokens exceeds the model's context (max_position_embeddings)."""
+  if not config.rollout.context_from_tasks or not sources:
+    return config
+  tokenizer = load_tokenizer(config.policy.tokenizer or config.policy.checkpoint or None)
+  lengths = {tid: len(tokenizer.encode_chat(prompts.build_messages(src), add_generation_prompt=True))
+             for tid, src in sources.items()}
+  context = model_config(config, tokenizer).max_position_embeddings
+  room = context - int(config.sampler.max_new_tokens)
+  too_long = {tid: n for tid, n in lengths.items() if n > room}
+  if too_long:
+    raise SystemExit(f"error: {len(too_long)} task prompts cannot fit the model's context of {context} tokens "
+                     f"with sampler.max_new_tokens={config.sampler.max_new_tokens} (at most {room} prompt tokens): "
+                     + ", ".join(f"{tid} ({n} tokens)" for tid, n in sorted(too_long.items(), key=lambda x: -x[1])))
+  longest_id = max(lengths, key=lengths.get)
+  budget = min(max(int(config.rollout.max_context_tokens), -(-lengths[longest_id] // CONTEXT_ROUND) * CONTEXT_ROUND),
+               room)
+  buckets = tuple(int(b) for b in config.sampler.prompt_buckets)
+  if budget == config.rollout.max_context_tokens and max(buckets) >= budget:
+    return config
+  c = config.copy_and_resolve_references()
+  c.rollout.max_context_tokens = budget
+  if max(buckets) < budget:
+    c.sampler.prompt_buckets = buckets + (budget,)
+  logging.info("prompt budget from the tasks: the longest of %d first-turn prompts is %s with %d tokens; "
+               "rollout.max_context_tokens %d -> %d, sampler.prompt_buckets %s", len(lengths), longest_id,
+               lengths[longest_id], config.rollout.max_context_tokens, budget, tuple(c.sampler.prompt_buckets))
+  return c
 
 
 def make_reward(config, source: str):

@@ -5,8 +5,8 @@
 
 Trains config.policy (the embedded 'small' preset with the bundled tokenizer and random init by default, or
 config.init_from / policy.checkpoint) with token-level cross-entropy on the response tokens of a JSONL corpus
-(kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the bundled suite's corpus from
-kevin_jax/data/export_corpus.py).
+(kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the corpus of the task source, or of
+sft.corpus_sources, built by kevin_jax/data/export_corpus.py).
 The step (kevin_jax/rl/sft_step.py) reuses the GRPO learner's state layout, shardings, master weights and
 chunked log-probs, jitted once per (batch, length bucket).
 
@@ -66,18 +66,20 @@ def load_data(config, tokenizer) -> Data:
     if s.corpus:
       records, source = sft_data.read_corpus(s.corpus), s.corpus
     else:
-      specs, _ = runtime.load_tasks(config, "all")
       fit = sft_data.rollout_fit(tokenizer, int(config.rollout.max_context_tokens)) if s.fit_prompts else None
+      names = tuple(s.corpus_sources) or (config.tasks.source,)
       try:
-        records = sft_data.bundled_corpus((sp.id for sp in specs), kinds=tuple(s.corpus_kinds),
-                                          reasoning=s.corpus_reasoning, fit=fit,
-                                          source=runtime.task_source(config))
+        records = [r for src, ids in sft_data.corpus_tasks(config)
+                   for r in sft_data.bundled_corpus(ids, kinds=tuple(s.corpus_kinds), reasoning=s.corpus_reasoning,
+                                                    fit=fit, source=src)]
       except ValueError as e:  # Unknown kinds or reasoning style.
         raise SystemExit(f"error: sft.corpus_kinds / sft.corpus_reasoning: {e}") from e
-      source = f"task source {config.tasks.source!r} (kevin_jax/data/export_corpus.py)"
+      source = f"task sources {', '.join(map(repr, names))} (kevin_jax/data/export_corpus.py)"
       if not records:
-        raise sft_data.CorpusError(f"task source {config.tasks.source!r} has no bundled solutions to build a "
-                                   "corpus from; give one with --config.sft.corpus=FILE.jsonl")
+        raise sft_data.CorpusError(
+            f"task sources {', '.join(map(repr, names))} have no bundled solutions to build a corpus from; give "
+            "sources that have (--config.sft.corpus_sources=\"('bundled','generated')\") or a corpus file "
+            "(--config.sft.corpus=FILE.jsonl)")
   except sft_data.CorpusError as e:
     raise SystemExit(f"error: {e}") from e
   examples, st = sft_data.tokenize(records, tokenizer, max_seq_len=s.max_seq_len, truncate=s.truncate)

@@ -11,9 +11,11 @@ checkpoints in workdir/checkpoints, and after the last step the trained policy a
 workdir/hf (checkpoint.export_hf; written before the closing evaluation, so a job killed during that evaluation
 still leaves the trained weights). Before step 1, every `evaluation.in_training_every` steps and after the last,
 it evaluates the current policy on fixed task splits (InTrainingEval: workdir/eval_metrics.jsonl, step 0 = the
-starting policy). Rerunning with the same workdir resumes from the latest checkpoint: step,
-parameters, optimizer, RNG and task-sampler state; every step's randomness derives from (seed, step), so a
-resumed run reproduces an uninterrupted one.
+starting policy); with evaluation.standard_report the closing evaluation (step 0 with total_steps=0) also writes
+the field's standard report (kevin_jax/report/standard.py) to workdir/report. With rollout.context_from_tasks the
+prompt budget is first raised to the longest task prompt (runtime.fit_context_to_tasks). Rerunning with the same
+workdir resumes from the latest checkpoint: step, parameters, optimizer, RNG and task-sampler state; every step's
+randomness derives from (seed, step), so a resumed run reproduces an uninterrupted one.
 
 `time_budget_s` > 0 bounds the job's wall time: after each step it checks that another step (as long as this
 one) and the closing evaluation (as long as this run's longest evaluation), plus this step's own periodic
@@ -133,6 +135,7 @@ class InTrainingEval:
         raise ValueError(f"evaluation.in_training_splits: split {split!r} has no tasks")
       self.splits[split] = (ids, {i: sources[i] for i in ids})
     self._writer = None
+    self.records: list[dict] = []  # The latest evaluation's turns (rollout.Turn.record).
 
   def due(self, step: int, last: int | None = None) -> bool:
     """Before step 1 (unless in_training_first is False), every in_training_every steps, and after `last`
@@ -146,16 +149,18 @@ class InTrainingEval:
     return step == last or (e.in_training_every > 0 and step % e.in_training_every == 0)
 
   def __call__(self, step: int, params, reward) -> dict[str, float]:
+    """Evaluates every split; keeps the turns' records for `write_standard_report`."""
     if self._writer is None:
       self._writer = metrics_lib.MetricWriter(self.workdir, tensorboard=self.config.logging.tensorboard,
                                               filename="eval_metrics.jsonl", tensorboard_dir="tensorboard_eval")
-    out = {}
+    out, records = {}, []
     for i, (split, (ids, sources)) in enumerate(self.splits.items()):
       summary, turns = evaluate.evaluate_policy(
           ids, sources, self.settings, seed=1_000_003 * (self.config.seed + 1) + i,
           generate=make_generate(self.policy, params, self.settings.temperature), reward=reward,
           encode_chat=self.policy.encode_chat, novelty_index=self.novelty_index)
       _save_turns(self.workdir, step, turns, subdir="eval_rollouts", suffix=f"_{split}")
+      records += [t.record(step) for t in turns]
       out.update({f"{split}/{k}": v for k, v in summary.items()})
       k = self.settings.trajectories
       logging.info("eval at step %d, %s split (%d tasks, %d x %d): kernel score mean %.3f, kernels correct %.1f%%, "
@@ -166,7 +171,13 @@ class InTrainingEval:
                    summary["time/generate_s"], summary["time/evaluate_s"], summary["evaluator/gpu_runs"],
                    summary["evaluator/gpu_s"], summary["evaluator/cached"])
     self._writer.write(step, out)
+    self.records = records
     return out
+
+  def write_standard_report(self) -> None:
+    """The field's standard report (kevin_jax/report/standard.py) of the latest evaluation's turns, all splits, into
+    workdir/report."""
+    evaluate.write_standard_report(self.config, self.records, os.path.join(self.workdir, "report"))
 
   def close(self) -> None:
     if self._writer is not None:
@@ -238,6 +249,8 @@ def run(config, workdir: str) -> None:
   budget = TimeBudget(config.time_budget_s, config.time_budget_eval_s)  # From the job's start (warm start too).
   runtime.require_gpu_for_evaluator(config)
   specs, sources = runtime.load_tasks(config, "train")
+  if config.rollout.context_from_tasks:  # Every task the job prompts: the training and evaluation splits.
+    config = runtime.fit_context_to_tasks(config, runtime.load_tasks(config, "all")[1])
   policy = runtime.build_policy(config)
   runtime.check_prompt_budget(policy, sources, config.rollout.max_context_tokens)
   runtime.check_host_memory(config, policy, warm_start=bool(config.sft.before_rl and not runtime.start_source(config)),
@@ -283,6 +296,8 @@ def run(config, workdir: str) -> None:
     if start == 0 and in_eval.due(0):
       with budget.timing("eval"):
         in_eval(0, state.params, reward)  # The starting policy (after any warm start), before any RL update.
+        if last == 0 and config.evaluation.standard_report:
+          in_eval.write_standard_report()
     for step in range(start + 1, config.total_steps + 1):
       with budget.timing("step"):
         state, m = rl_step(step, state, config=config, policy=policy, reward=reward, sources=sources,
@@ -307,6 +322,8 @@ def run(config, workdir: str) -> None:
       if in_eval.due(step, last):  # Before the checkpoint: a crash during it redoes the step and the evaluation.
         with budget.timing("eval"):
           in_eval(step, state.params, reward)
+          if step == last and config.evaluation.standard_report:
+            in_eval.write_standard_report()
       if step % config.checkpoint.every_steps == 0 or step == last:
         ckpt.save(step, state, rng=rng, sampler_state={"tasks": task_sampler.state()}, config=config)
       if step == last:

@@ -80,6 +80,7 @@ class EvaluatorConfig:
   task_memory_fraction: float = 0.8  # kernels/footprint.py: a task over this x free GPU memory is skipped.
   result_cache: int = 0  # Results kept for identical (task, candidate) pairs of later batches (LRU entries); 0 = off.
   feedback_max_chars: int = 2000
+  compile_baseline: bool = False
 
   def __post_init__(self):
     self.input_distributions = tuple(self.input_distributions)
@@ -118,7 +119,7 @@ class EvaluatorConfig:
             "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
             "task_memory_fraction",
             "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
-            "max_local_memory_bytes", "max_static_device_bytes")
+            "max_local_memory_bytes", "max_static_device_bytes", "compile_baseline")
     return {k: getattr(self, k) for k in keys}
 
 

@@ -102,6 +102,29 @@ def discover(source: str = "bundled", levels: Sequence[int] | None = None) -> li
   return sorted(specs, key=lambda s: (s.level, _natural_key(s.id)))
 
 
+def check_kernelbench_tree(source: str, levels: Sequence[int]) -> str:
+  """The absolute path of `source` if it is a KernelBench checkout's `KernelBench/` folder: a directory holding a
+  level<N>/ folder with task files for every level in `levels`. Raises FileNotFoundError naming what was looked
+  for (and the inner folder when `source` is the checkout's root)."""
+  if not source:
+    raise FileNotFoundError("no KernelBench checkout given: set --config.tasks.source=DIR, DIR = a checkout's "
+                            "KernelBench/ folder (holding level1/, level2/ ...)")
+  root = os.path.abspath(os.path.expanduser(source))
+  wanted = [f"level{n}" for n in levels]
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"KernelBench folder {root} does not exist (tasks.source={source!r}; expected a "
+                            f"checkout's KernelBench/ folder holding {', '.join(w + '/' for w in wanted)})")
+  missing = [w for w in wanted if not os.path.isdir(os.path.join(root, w))
+             or not any(_is_task_file(f) for f in os.listdir(os.path.join(root, w)))]
+  if missing:
+    inner = os.path.join(root, "KernelBench")
+    hint = (f"; the checkout's task folder is {inner}: pass --config.tasks.source={inner}"
+            if all(os.path.isdir(os.path.join(inner, w)) for w in wanted) else "")
+    raise FileNotFoundError(f"{root} is not a KernelBench tree: looked for task files (*.py) in "
+                            f"{', '.join(os.path.join(root, w) + '/' for w in missing)}{hint}")
+  return root
+
+
 @functools.lru_cache(maxsize=16)
 def _manifest(root: str) -> dict:
   with open(os.path.join(root, WORLD_MANIFEST), encoding="utf-8") as f:

@@ -335,6 +335,10 @@ class GpuWorker:
     report("timing")
     timing.measure(self, state, bound, mod, bufs, deadline_s, job, res)
     times["timing"] = time.perf_counter() - t
+    if s.get("compile_baseline") and res.get("status") == "correct":  # compile_baseline.py, after the verdict;
+      from kevin_jax.kernels import compile_baseline  # pylint: disable=g-import-not-at-top
+      report("load:compile_baseline")  # the evaluator's own work: the task-load limit, outside the budget.
+      compile_baseline.attach(self, state, res)
 
   def _buffers(self, state: TaskState, bound: BoundPlan, gen) -> B.BufferSet:
     bufs = B.BufferSet(self.device, gen)

@@ -112,19 +112,39 @@ def bundled_corpus(task_ids: Iterable[str], kinds: Sequence[str] | None = None,
   return records
 
 
+def corpus_tasks(config) -> list[tuple[str, list[str]]]:
+  """(resolved task source, task ids) of each source the warm-start corpus comes from: sft.corpus_sources, else
+  tasks.source itself with all its tasks. Another source than the job's own keeps none of its split settings; a
+  task world there gives its warm-start splits (train, heldout_styles), any other source all its tasks."""
+  from kevin_jax import runtime  # pylint: disable=g-import-not-at-top
+  from kevin_jax.kernels import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  out = []
+  for src in tuple(config.sft.corpus_sources) or (config.tasks.source,):
+    c = config
+    if src != config.tasks.source:
+      c = config.copy_and_resolve_references()
+      c.tasks.source, c.tasks.layout, c.tasks.train_ids, c.tasks.test_ids = src, "any", (), ()
+    resolved = runtime.task_source(c)
+    if c is not config and tasks_lib.world_splits(resolved) is not None:
+      ids = [sp.id for split in ("train", "heldout_styles") for sp in runtime.load_tasks(c, split)[0]]
+    else:
+      ids = [sp.id for sp in runtime.load_tasks(c, "all")[0]]
+    out.append((resolved, ids))
+  return out
+
+
 def warm_start_texts(config, test_task_ids: Iterable[str] = ()) -> list[str]:
   """The candidate texts of the warm-start corpus's responses, what the novelty metric compares kernels with:
-  config.sft.corpus's, or the corpus config.tasks builds (sft.corpus_kinds, sft.corpus_reasoning) without the
-  examples of `test_task_ids` when sft.exclude_test_tasks (those are never trained on)."""
+  config.sft.corpus's, or the corpus of sft.corpus_sources / config.tasks (sft.corpus_kinds, sft.corpus_reasoning)
+  without the examples of `test_task_ids` when sft.exclude_test_tasks (those are never trained on)."""
   s = config.sft
   if s.corpus:
     records = read_corpus(s.corpus)
   else:
-    from kevin_jax import runtime  # pylint: disable=g-import-not-at-top
-    specs, _ = runtime.load_tasks(config, "all")
     held = set(test_task_ids) if s.exclude_test_tasks else set()
-    records = bundled_corpus((sp.id for sp in specs if sp.id not in held), kinds=tuple(s.corpus_kinds),
-                             reasoning=s.corpus_reasoning, source=runtime.task_source(config))
+    records = [r for source, ids in corpus_tasks(config)
+               for r in bundled_corpus((i for i in ids if i not in held), kinds=tuple(s.corpus_kinds),
+                                       reasoning=s.corpus_reasoning, source=source)]
   return [prompts.parse_response(r["response"]).candidate_text for r in records]
 
 

@@ -1,0 +1,1 @@
+"""Reports over evaluation results (learner side: no torch, no JAX)."""
