@@ -62,8 +62,10 @@ def _correct_speedup(turns: Sequence[ro.Turn]):
 
 
 def per_turn_table(turns: Sequence[ro.Turn], task_ids: Sequence[str], n_turns: int) -> list[dict]:
-  """One row per turn t: suite means of best@k/avg@k metrics using each trajectory's first t turns."""
+  """One row per turn t: suite means of best@k/avg@k metrics using each trajectory's first t turns. A task whose
+  every turn got a task-level result (rollout.task_level: never the policy's) is left out."""
   by_task = {tid: [t for t in turns if t.task_id == tid] for tid in dict.fromkeys(task_ids)}
+  by_task = {tid: ts for tid, ts in by_task.items() if not all(ro.task_level(t.result) for t in ts)}
   rows = []
   for t in range(1, n_turns + 1):
     per_task = [km.task_summary(*_correct_speedup(ts), turns=t) for ts in by_task.values()]
@@ -73,11 +75,17 @@ def per_turn_table(turns: Sequence[ro.Turn], task_ids: Sequence[str], n_turns: i
 
 def summarize(turns: Sequence[ro.Turn], task_ids: Sequence[str], n_turns: int) -> dict[str, float]:
   """Flat scalars of one evaluation: best@k / avg@k metrics after all n turns, plus per-kernel means over
-  every turn's kernel (kernel/score_mean, kernel/correct_rate, kernel/speedup_mean_correct)."""
+  every turn's kernel (kernel/score_mean, kernel/correct_rate, kernel/speedup_mean_correct). Task-level results
+  are counted apart (kernel/task_level, tasks_not_evaluated), never as the policy's kernels."""
   out = {k: v for k, v in per_turn_table(turns, task_ids, n_turns)[-1].items() if k != "turn"}
-  kernels = km.kernel_summary([str(t.result.get("status")) for t in turns], [t.score for t in turns],
-                              [float(t.result.get("speedup") or 0.0) for t in turns])
+  mine = [t for t in turns if not ro.task_level(t.result)]
+  kernels = (km.kernel_summary([str(t.result.get("status")) for t in mine], [t.score for t in mine],
+                               [float(t.result.get("speedup") or 0.0) for t in mine]) if mine else
+             {"score_mean": 0.0, "correct_rate": 0.0, "speedup_mean_correct": 0.0})
   out.update({f"kernel/{k}": v for k, v in kernels.items()})
+  out["kernel/task_level"] = float(len(turns) - len(mine))
+  evaluated = {t.task_id for t in mine}
+  out["tasks_not_evaluated"] = float(len({t.task_id for t in turns} - evaluated))
   return out
 
 

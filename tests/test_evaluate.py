@@ -84,3 +84,24 @@ def test_novelty_of_correct_kernels_in_reports_and_summaries(tmp_path):
   plain, _ = evaluate.evaluate_policy(["t1"], SOURCES, s, seed=0, generate=fake_generate, reward=turn_reward,
                                       encode_chat=encode_chat)
   assert not any(k.startswith("novelty/") for k in plain)
+
+
+def test_task_level_results_are_left_out_of_the_summary():
+  """t2 never gets a verdict (every turn task-level, e.g. too large for the GPU): the summary equals the summary of
+  t1 alone, with t2 counted as not evaluated and its kernels as task-level."""
+  def reward(items):
+    out = turn_reward(items)
+    for it, r in zip(items, out):
+      if it.task_id == "t2":
+        r.update(status="runtime_error", speedup=0.0, score=0.0, flags=["evaluator_error", "task_too_large"])
+    return out
+  s = _settings(budgets=(), beam=False)
+  both, _ = evaluate.evaluate_policy(["t1", "t2"], SOURCES, s, seed=0, generate=fake_generate, reward=reward,
+                                     encode_chat=encode_chat)
+  alone, _ = evaluate.evaluate_policy(["t1"], SOURCES, s, seed=0, generate=fake_generate, reward=turn_reward,
+                                      encode_chat=encode_chat)
+  assert both["tasks_not_evaluated"] == 1.0 and both["kernel/task_level"] == 6.0
+  assert alone["tasks_not_evaluated"] == 0.0 and alone["kernel/task_level"] == 0.0
+  for k in ("correct_best", "perf_best", "perf_avg", "kernel/score_mean", "kernel/correct_rate"):
+    assert both[k] == pytest.approx(alone[k]), k
+  assert both["perf_best"] == pytest.approx(1.0)

@@ -81,7 +81,7 @@ def test_write_markdown_csv_and_plot(tmp_path):
   assert all((tmp_path / p).is_file() for p in paths)
   md = (tmp_path / "standard_report.md").read_text()
   assert "Task source commit: 423217d. GPU: no GPU. 2 trajectories per task" in md
-  assert "| all | all | 4 | 75.0% |" in md
+  assert "| all | all | 4 | 0 | 75.0% |" in md
   rows = list(csv.DictReader(open(tmp_path / "standard_tasks.csv")))
   assert [r["task_id"] for r in rows] == ["A", "B", "C", "D"]
   assert rows[2]["best_speedup_compile"] == "n/a" and rows[0]["best_speedup"] == "2.5"
@@ -101,3 +101,25 @@ def test_source_commit_from_git_folder_or_configured(tmp_path):
   assert standard.source_commit(str(kb)) == "423217d0aa"
   (git / "refs" / "heads" / "main").write_text("feedbeef\n")
   assert standard.source_commit(str(kb)) == "feedbeef"
+
+
+def test_task_level_results_are_never_the_policys():
+  """A task whose every kernel got a task-level result is not evaluated: left out of the shares, counted apart; in an
+  evaluated task, a task-level kernel is counted apart, not among its kernels."""
+  def lvl(task, traj, turn):
+    r = _rec(task, traj, turn, "runtime_error")
+    r["result"]["flags"] = ["evaluator_error", "task_too_large"]
+    return r
+  big = [lvl("E", 8, 0), lvl("E", 8, 1), lvl("E", 9, 0), lvl("E", 9, 1)]
+  partial = [r for r in RECORDS if not (r["task_id"] == "B" and r["traj"] == 3 and r["turn"] == 1)] + [lvl("B", 3, 1)]
+  report = standard.build(partial + big, {**LEVELS, "E": 1}, {**SPLITS, "E": "train"})
+  g = {(x["level"], x["split"]): x for x in report["groups"]}
+  base = _groups()
+  for key in ((1, "train"), ("all", "all")):
+    assert g[key]["not_evaluated"] == 1 and g[key]["tasks"] == base[key]["tasks"]
+    for f in ["correct"] + [f"fast_{p:g}" for p in standard.FAST_PS] + ["geomean_speedup"]:
+      assert g[key][f] == base[key][f], (key, f)
+    assert g[key]["turns"] == base[key]["turns"]
+  rows = {r["task_id"]: r for r in report["tasks"]}
+  assert rows["E"]["evaluated"] is False and rows["E"]["task_level_kernels"] == 4 and rows["E"]["kernels"] == 0
+  assert rows["B"]["kernels"] == 3 and rows["B"]["task_level_kernels"] == 1

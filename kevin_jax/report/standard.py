@@ -3,7 +3,11 @@
 Input: one record per evaluated kernel, {"task_id", "traj", "turn" (0-based), "result"} (rollout.Turn.record),
 where result carries "status", "speedup" (reference PyTorch eager time / kernel time) and, when the evaluator
 timed the torch.compile reference (evaluator.compile_baseline), details["speedup_compile"] (a number or 'n/a').
-A task's best kernel is its fastest correct kernel over all k trajectories and n turns. Per (level, split):
+A task's best kernel is its fastest correct kernel over all k trajectories and n turns. Task-level results
+(rollout.task_level: the evaluator failed or the task does not fit the GPU) are never the policy's: a task whose every
+kernel got one is "not evaluated" and left out of every share (counted per group); in other tasks such a kernel is
+counted apart (`task_level_kernels`), not among the task's kernels (in the per-turn tables its cell holds no correct
+kernel). Per (level, split), over the evaluated tasks:
   correct      share of tasks with a correct kernel (= fast_0);
   fast_p       share of tasks whose best kernel is correct with speedup > p (KernelBench's strict >), p in FAST_PS,
                against eager and against torch.compile (tasks without a compile timing count as not fast);
@@ -24,6 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kevin_jax.rl import kernel_metrics as km
+from kevin_jax.rl.rollout import task_level
 
 FAST_PS = (0.0, 0.5, 1.0, 1.5, 2.0)
 NA = "n/a"
@@ -43,12 +48,13 @@ def task_rows(records: Iterable[dict], levels: dict[str, int], splits: dict[str,
   for r in records:
     by_task.setdefault(r["task_id"], []).append(r)
   rows = []
-  for tid, recs in by_task.items():
+  for tid, all_recs in by_task.items():
+    recs = [r for r in all_recs if not task_level(r["result"])]
     correct = [r for r in recs if r["result"].get("status") == "correct"]
     compiled = [s for r in correct if (s := _compile_speedup(r["result"])) is not None]
     rows.append({
         "task_id": tid, "level": levels.get(tid, 0), "split": splits.get(tid, ""), "kernels": len(recs),
-        "correct_kernels": len(correct),
+        "task_level_kernels": len(all_recs) - len(recs), "evaluated": bool(recs), "correct_kernels": len(correct),
         "best_speedup": max((float(r["result"].get("speedup") or 0.0) for r in correct), default=0.0),
         "best_speedup_compile": max(compiled) if compiled else None,
         "first_correct_turn": min((int(r["turn"]) + 1 for r in correct), default=None)})
@@ -62,10 +68,12 @@ def geomean(values: Sequence[float]) -> float | None:
 
 
 def group_summary(rows: Sequence[dict]) -> dict:
-  """correct, fast_p (eager and compile), geomean speedups over one group's task rows (module docstring)."""
+  """correct, fast_p (eager and compile), geomean speedups over one group's evaluated task rows (module docstring)."""
+  not_evaluated = sum(not r["evaluated"] for r in rows)
+  rows = [r for r in rows if r["evaluated"]]
   n = len(rows)
   correct = [r for r in rows if r["correct_kernels"] > 0]
-  out = {"tasks": n, "correct": len(correct) / n if n else 0.0}
+  out = {"tasks": n, "not_evaluated": not_evaluated, "correct": len(correct) / n if n else 0.0}
   for p in FAST_PS:
     out[f"fast_{p:g}"] = sum(r["best_speedup"] > p for r in correct) / n if n else 0.0
     out[f"fast_{p:g}_compile"] = (sum((r["best_speedup_compile"] or 0.0) > p for r in correct) / n if n else 0.0)
@@ -82,7 +90,7 @@ def _matrices(recs: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
   rows = {t: i for i, t in enumerate(sorted({int(r["traj"]) for r in recs}))}
   n = 1 + max(int(r["turn"]) for r in recs)
   correct, speedup = np.zeros((len(rows), n), bool), np.zeros((len(rows), n))
-  for r in recs:
+  for r in recs:  # A task-level result occupies its cell as not correct (the turn produced no verdict).
     ok = r["result"].get("status") == "correct"
     correct[rows[int(r["traj"])], int(r["turn"])] = ok
     speedup[rows[int(r["traj"])], int(r["turn"])] = float(r["result"].get("speedup") or 0.0) if ok else 0.0
@@ -108,7 +116,7 @@ def build(records: Sequence[dict], levels: dict[str, int], splits: dict[str, str
   groups = []
   for level, split in keys + [("all", "all")]:
     mine = [r for r in rows if (level, split) == ("all", "all") or (r["level"], r["split"]) == (level, split)]
-    ids = [r["task_id"] for r in mine]
+    ids = [r["task_id"] for r in mine if r["evaluated"]]
     groups.append({"level": level, "split": split, **group_summary(mine),
                    "turns": turn_table([x for x in records if x["task_id"] in set(ids)], ids)})
   per_task: dict[str, set] = {}
@@ -133,11 +141,11 @@ def write(report: dict, out_dir: str, *, title: str, source_commit: str, device:
   lines = [f"# {title}", "", f"Task source commit: {source_commit}. GPU: {device}. "
            f"{k} trajectories per task; a task's best kernel is its fastest correct one over all trajectories and "
            "turns; fast_p = share of tasks whose best kernel is correct with speedup > p.", "",
-           "| level | split | tasks | correct | " + " | ".join(fast) + " | geomean vs eager | "
+           "| level | split | tasks | not evaluated | correct | " + " | ".join(fast) + " | geomean vs eager | "
            + " | ".join(f + " (compile)" for f in fast) + " | geomean vs compile | compile n/a |",
-           "|" + "---|" * (6 + 2 * len(fast) + 1)]
+           "|" + "---|" * (7 + 2 * len(fast) + 1)]
   for g in report["groups"]:
-    lines.append(f"| {g['level']} | {g['split']} | {g['tasks']} | {_pct(g['correct'])} | "
+    lines.append(f"| {g['level']} | {g['split']} | {g['tasks']} | {g['not_evaluated']} | {_pct(g['correct'])} | "
                  + " | ".join(_pct(g[f]) for f in fast) + f" | {_x(g['geomean_speedup'])} | "
                  + " | ".join(_pct(g[f + '_compile']) for f in fast)
                  + f" | {_x(g['geomean_speedup_compile'])} | {g['compile_na']} |")
@@ -158,15 +166,15 @@ def write(report: dict, out_dir: str, *, title: str, source_commit: str, device:
                                                   "standard_turns.csv", "standard_tasks.csv", "standard_report.png")}
   with open(paths["standard_report.md"], "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
-  cols = ["tasks", "correct"] + fast + ["geomean_speedup"] + [f + "_compile" for f in fast] + [
+  cols = ["tasks", "not_evaluated", "correct"] + fast + ["geomean_speedup"] + [f + "_compile" for f in fast] + [
       "geomean_speedup_compile", "compile_na"]
   _csv(paths["standard_summary.csv"], ["level", "split"] + cols,
        ([g["level"], g["split"]] + [NA if g[c] is None else g[c] for c in cols] for g in report["groups"]))
   tcols = ["correct_best", "correct_avg", "perf_best", "perf_avg"]
   _csv(paths["standard_turns.csv"], ["level", "split", "turn"] + tcols,
        ([g["level"], g["split"], t["turn"]] + [t[c] for c in tcols] for g in report["groups"] for t in g["turns"]))
-  rcols = ["task_id", "level", "split", "kernels", "correct_kernels", "best_speedup", "best_speedup_compile",
-           "first_correct_turn"]
+  rcols = ["task_id", "level", "split", "kernels", "task_level_kernels", "correct_kernels", "best_speedup",
+           "best_speedup_compile", "first_correct_turn"]
   _csv(paths["standard_tasks.csv"], rcols, ([NA if r[c] is None else r[c] for c in rcols] for r in report["tasks"]))
   _plot(report, paths["standard_report.png"])
   return list(paths.values())
