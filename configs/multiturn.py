@@ -165,6 +165,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.worker_start_timeout_s = 300.0  # A worker process must be ready within this many seconds.
   c.evaluator.timing_input_sets = 2  # Input buffer sets rotated during timing (>= 2; every run gets a fresh draw).
   c.evaluator.input_distributions = ("task", "normal", "uniform", "heavy", "shifted")  # Per correctness trial.
+  c.evaluator.timed_inputs = "auto"  # fresh | rescaled | auto: fresh draws per timed run when a draw is cheap.
   c.evaluator.task_memory_fraction = 0.8  # A task whose evaluation needs more than this x the GPU's free memory
   #   (kernels/footprint.py: 3 params + 6 inputs + 4 outputs + a workspace) is skipped as a whole, an evaluator-side
   #   result (flags task_too_large, evaluator_error) that never enters the advantage; 0 = no budget. 0.8 leaves a

@@ -107,7 +107,7 @@ def emu(monkeypatch, tmp_path):
   w = worker.GpuWorker.__new__(worker.GpuWorker)
   w.s = dict(correctness_trials=5, timing_runs=20, timing_max_s=0.0, timing_min_runs=10, warmup_runs=3, atol=1e-4,
              rtol=1e-4, half_atol=1e-2, half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0,
-             timing_input_sets=2,
+             timing_input_sets=2, timed_inputs="fresh",
              input_distributions=("task", "normal", "uniform", "heavy", "shifted"), validate_fraction=0.2,
              timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0,
              max_local_memory_bytes=4 * 2**30, max_static_device_bytes=256 * 2**20)
@@ -154,6 +154,21 @@ def test_correct_kernel(emu):
   assert res["phases"][:5] == ["load", "validate", "prepare", "correctness", "reference:task"]
   assert t["inputs"] == "fresh"
   assert res["phases"][-1] == "timing"
+
+
+def test_timed_inputs_rule_and_forced_modes(emu):
+  """'auto' draws afresh when a draw costs at most max(FRESH_DRAW_MS, FRESH_DRAW_REF_FACTOR x reference); 'fresh'
+  and 'rescaled' decide for every task; the timing details carry the choice and the measured draw time."""
+  lim = worker.FRESH_DRAW_MS
+  assert worker.fresh_inputs("auto", lim, 0.1) and not worker.fresh_inputs("auto", lim + 0.01, 0.1)
+  assert worker.fresh_inputs("auto", 9.0, 4.5) and not worker.fresh_inputs("auto", 9.1, 4.5)
+  assert worker.fresh_inputs("fresh", 1e6, 0.0) and not worker.fresh_inputs("rescaled", 0.0, 1e6)
+  for mode in ("rescaled", "fresh"):
+    emu.worker.tasks.clear()
+    res = emu({"add": _add}, timed_inputs=mode)
+    assert res["status"] == "correct", res
+    t = res["details"]["timing"]
+    assert t["inputs"] == mode and t["draw_ms"] > 0, t
 
 
 def test_task_over_the_memory_budget_is_skipped_before_any_run(emu, monkeypatch):

@@ -62,6 +62,7 @@ class EvaluatorConfig:
   worker_host_memory_gb: float = 32.0
   jax_memory_fraction: float = 0.6  # Learner-side setting; accepted here so the whole section can be passed.
   timing_input_sets: int = 2
+  timed_inputs: str = "auto"  # fresh | rescaled | auto (fresh when a draw is cheap: worker.FRESH_DRAW_MS).
   input_distributions: tuple = ("task", "normal", "uniform", "heavy", "shifted")
   validate_fraction: float = 0.2
   timing_graphs: str = "auto"
@@ -86,6 +87,8 @@ class EvaluatorConfig:
     self.input_distributions = tuple(self.input_distributions)
     if self.ref_timing not in ("interleaved", "cached"):
       raise ValueError(f"ref_timing must be 'interleaved' or 'cached', got {self.ref_timing!r}")
+    if self.timed_inputs not in ("auto", "fresh", "rescaled"):
+      raise ValueError(f"timed_inputs must be auto | fresh | rescaled, got {self.timed_inputs!r}")
     if self.timing_graphs not in ("auto", "always", "never"):
       raise ValueError(f"timing_graphs must be auto | always | never, got {self.timing_graphs!r}")
     if not 0.0 <= self.task_memory_fraction <= 1.0:
@@ -117,7 +120,7 @@ class EvaluatorConfig:
   def worker_settings(self) -> dict:
     keys = ("correctness_trials", "timing_runs", "timing_max_s", "timing_min_runs", "warmup_runs", "atol", "rtol",
             "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
-            "task_memory_fraction",
+            "timed_inputs", "task_memory_fraction",
             "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
             "max_local_memory_bytes", "max_static_device_bytes", "compile_baseline")
     return {k: getattr(self, k) for k in keys}

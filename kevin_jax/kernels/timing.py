@@ -266,6 +266,7 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
       torch.cuda.synchronize()  # Raises (-> fatal) if the failed capture broke the context.
   p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
   info = {"method": method, "input_sets": su.n_sets, "inputs": "fresh" if su.fresh else "rescaled",
+          "draw_ms": round(float(state.draw_ms), 3),
           "flush_bytes": w.flush.numel(), "validated": p["validated"], "budget_stop": p["budget_stop"]}
 
   def conclude(p, recheck: bool) -> bool:

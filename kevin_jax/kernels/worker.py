@@ -43,8 +43,9 @@ from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, as_reference, descri
 
 MODEL_SEED = 0
 MAX_CACHED_TASKS = 8
-# Timed inputs are fresh draws when one draw of the task's inputs takes at most max(FRESH_DRAW_MS,
-# FRESH_DRAW_REF_FACTOR x reference time); slower get_inputs (CPU-bound) fall back to rescaled input sets.
+# With timed_inputs 'auto', timed inputs are fresh draws when one draw of the task's inputs takes at most
+# max(FRESH_DRAW_MS, FRESH_DRAW_REF_FACTOR x reference time); slower get_inputs (CPU-bound, or a busy host) fall back
+# to rescaled input sets. 'fresh' and 'rescaled' choose one for every task.
 FRESH_DRAW_MS = 2.0
 FRESH_DRAW_REF_FACTOR = 2.0
 KIND_FLAGS = {"illegal_address": "illegal_address", "trap": "trap", "hang": "hang", "misaligned": "misaligned_address",
@@ -80,7 +81,8 @@ class TaskState:
   param_key: int  # Secret key of the reference weights' keyed hash (host only).
   param_hash: torch.Tensor  # Keyed hash of the reference model's parameters at load time (on the GPU).
   ref_ms_rough: float
-  fresh_inputs: bool  # Timed inputs drawn afresh every run (False: a draw is too slow; rescaled sets instead).
+  fresh_inputs: bool  # Timed inputs drawn afresh every run (False: rescaled sets; timed_inputs and draw_ms decide).
+  draw_ms: float  # The fastest of three draws of the task's inputs, host to GPU, ms.
 
 
 class ReferenceFailed(Exception):
@@ -89,6 +91,13 @@ class ReferenceFailed(Exception):
   def __init__(self, dist: str, exc: BaseException):
     super().__init__(f"the reference failed on '{dist}' inputs: {type(exc).__name__}: {str(exc)[:300]}")
     self.dist = dist
+
+
+def fresh_inputs(mode: str, draw_ms: float, ref_ms: float) -> bool:
+  """Whether timed runs get fresh draws (timing.py): `mode` 'fresh' | 'rescaled' | 'auto' (the rule above)."""
+  if mode in ("fresh", "rescaled"):
+    return mode == "fresh"
+  return draw_ms <= max(FRESH_DRAW_MS, FRESH_DRAW_REF_FACTOR * ref_ms)
 
 
 class GpuWorker:
@@ -175,7 +184,8 @@ class GpuWorker:
       param_hash = self.hasher([p for _, p in model.named_parameters()], key)
     return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_key=key,
                      param_hash=param_hash, ref_ms_rough=ref_ms,
-                     fresh_inputs=draw_ms <= max(FRESH_DRAW_MS, FRESH_DRAW_REF_FACTOR * ref_ms))
+                     fresh_inputs=fresh_inputs(self.s.get("timed_inputs", "auto"), draw_ms, ref_ms),
+                     draw_ms=draw_ms)
 
   # --- one evaluation ------------------------------------------------------------------------------------
 
