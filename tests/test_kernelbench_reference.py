@@ -5,7 +5,7 @@ each correct one is judged 'correct', each wrong one is not.
   KERNELBENCH_DIR=DIR python -m pytest -q -m gpu tests/test_kernelbench_reference.py      # GPU: real shapes
 
 DIR is a KernelBench checkout's KernelBench/ folder; without it the checkout-bound tests skip (nothing is fetched)
-and only the parse check runs. Tasks: elementwise (19), reduction (47), softmax (23), GEMM (1), conv (50), pooling
+and only the parse check and the NVRTC compile of every candidate run. Tasks: elementwise (19), reduction (47), softmax (23), GEMM (1), conv (50), pooling
 (42, 44), norm (40), argmax (51) and a fused level-2 chain (level2/12). The GPU test runs them at KernelBench's
 sizes (inputs up to 8 GiB: run it alone on the GPU); it also times torch.compile as the second reference.
 """
@@ -47,6 +47,15 @@ def test_ten_tasks_of_different_kinds_each_with_a_correct_and_a_wrong_candidate(
     for kind in ("correct", "wrong"):
       cand = parse_candidate(read(tid, kind))
       assert cand.kernels, (tid, kind)
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_every_candidate_compiles_with_nvrtc(task_id):
+  """The real compiler on the CPU (the emulator does not compile): what NVRTC rejects is caught without a GPU."""
+  from kevin_jax.kernels import compile as C  # pylint: disable=g-import-not-at-top
+  for kind in ("correct", "wrong"):
+    r = C.compile_cuda(parse_candidate(read(task_id, kind)).cuda_source, "sm_90", cache_dir="")
+    assert r.ok, (task_id, kind, r.log)
 
 
 @needs_kb
