@@ -24,7 +24,8 @@ needs_kb = pytest.mark.skipif(not KB, reason="set KERNELBENCH_DIR to a KernelBen
 # Reduced sizes (module constants) for the CPU emulator; level1/50's 224 x 224 image is fixed in its get_inputs.
 SMALL = {
     "level1/19_ReLU": dict(batch_size=7, dim=131),
-    "level1/47_Sum_reduction_over_a_dimension": dict(batch_size=3, dim1=33, dim2=45),
+    # The full reduction length (4,096 terms), where a sequential fp32 sum drifts past atol on zero-mean inputs.
+    "level1/47_Sum_reduction_over_a_dimension": dict(batch_size=1),
     "level1/23_Softmax": dict(batch_size=5, dim=1037),
     "level1/1_Square_matrix_multiplication_": dict(N=67),
     "level1/50_conv_standard_2D__square_input__square_kernel": dict(batch_size=1),
