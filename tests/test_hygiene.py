@@ -172,3 +172,25 @@ def test_memory_budget():
   r = footprint.too_large_result("t", info, free_bytes=need, fraction=0.5)
   assert r["flags"] == ["task_too_large", "evaluator_error"] and "too large" in r["error"]
   assert footprint.too_large_result("t", info, free_bytes=2 * need, fraction=0.5) is None
+
+
+def test_checks_on_a_device_give_the_cpu_verdicts(specs, report):
+  """The checks on a second device (emulated on the CPU: mixing it with CPU tensors raises as CUDA does) agree
+  with the CPU run, task by task: no check builds a CPU tensor that meets the device's outputs."""
+  from emulated_device import on_emulated_device  # pylint: disable=g-import-not-at-top
+  with on_emulated_device() as dev:
+    on_dev = {r.task_id: r for r in hygiene.hygiene_report(list(specs.values()), str(dev),
+                                                           max_bytes=hygiene.CPU_MAX_BYTES)}
+  for tid, r in report.items():
+    got = on_dev[tid]
+    assert (got.verdict, got.reasons) == (r.verdict, r.reasons), (tid, got.reasons)
+    assert got.device == (str(dev) if r.device else ""), tid
+
+
+def test_gpu_limit_counts_what_the_allocator_caches(monkeypatch):
+  """Half of free + cached-but-unused memory: earlier tasks' freed tensors stay in torch's cache, not lost."""
+  monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (22 << 30, 80 << 30))
+  monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 56 << 30)
+  monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 2 << 30)
+  assert hygiene.default_max_bytes("cuda") == 38 << 30
+  assert hygiene.default_max_bytes("cpu") == hygiene.CPU_MAX_BYTES
