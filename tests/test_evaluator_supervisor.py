@@ -84,14 +84,14 @@ def test_out_of_gpu_memory_is_retried_on_a_fresh_worker_then_an_evaluator_error(
 
 
 def test_a_task_over_the_memory_budget_is_skipped_as_a_whole(ev):
-  """vec_add: inputs 32 MiB, output 16 MiB -> one evaluation needs 6*32 + 4*16 + 32 = 288 MiB
+  """vec_add: inputs 32 MiB, output 16 MiB -> one evaluation needs 6*32 + 2*16 + 32 = 256 MiB
   (kernels/footprint.py); with task_memory_fraction 0.8 it fits 400 MiB free (320) but not 300 MiB (240)."""
   salt = uuid.uuid4().hex
   small, large = ev.evaluate([("vec_add", marked("free=300", salt)), ("vec_add", marked("free=400", salt))])
   assert small.status == "runtime_error" and small.score == 0.0
   assert small.flags == ["task_too_large", "evaluator_error"]
   assert "too large for this GPU" in small.error and "not scored" in small.error
-  assert small.details["evaluation_bytes"] == 288 * 2**20 and small.details["task_memory_fraction"] == 0.8
+  assert small.details["evaluation_bytes"] == 256 * 2**20 and small.details["task_memory_fraction"] == 0.8
   assert large.status == "correct", large.error
 
 
