@@ -41,7 +41,7 @@ def test_every_sweep_command_parses_as_a_config(tmp_path):
           "  flags.DEFINE_string('workdir', None, '', flag_values=fv)\n"
           "  fv(argv); c = fv.config\n"
           "  print(c.mode, c.tasks.source, c.rl.gamma, c.rl.return_mode, c.rollout.turns, c.rollout.trajectories, "
-          "c.total_steps, c.evaluation.split)")
+          "c.total_steps, c.evaluation.split, len(c.evaluation.budgets))")
   r = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], cwd=ROOT, capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
@@ -52,7 +52,7 @@ def test_every_sweep_command_parses_as_a_config(tmp_path):
   assert got[("world_mode", "single_64x1")].split()[1:7] == ["generated", "0.4", "sum", "1", "64", "16"]
   assert got[("world", "s1")].split()[:2] == ["train", "generated"]
   assert got[("table2", "heldout_styles")].split()[:2] == ["evaluate", "generated"]
-  assert got[("table2", "heldout_styles")].split()[-1] == "heldout_styles"
+  assert got[("table2", "heldout_styles")].split()[-2:] == ["heldout_styles", "3"]  # 16 x 8, 32 x 4, 128 x 1.
 
 
 def test_collect_table(tmp_path):
