@@ -230,9 +230,10 @@ def table2(runs: dict[str, str], out_dir: str) -> list[dict]:
     lines.append(f"| {r['run']} | {r['tasks']} | {r['shape']} | {r['kernels']} | {_fmt('pct', r['correct_best'])} | "
                  f"{_fmt('x', r['perf_best'])} | {_fmt('pct', r['fast_1_best'])} | {_fmt('pct', r['correct_avg'])} | "
                  f"{_fmt('x', r['perf_avg'])} |")
-  lines += ["", "Best so far (perf best@k after each turn):", ""]
   turns = sorted({r["turn"] for r in rows if r["row"] == "turn"})
-  lines += ["| split | shape | " + " | ".join(f"turn {t}" for t in turns) + " |", "|" + "---|" * (2 + len(turns))]
+  if turns:
+    lines += ["", "Best so far (perf best@k after each turn):", "",
+              "| split | shape | " + " | ".join(f"turn {t}" for t in turns) + " |", "|" + "---|" * (2 + len(turns))]
   for name in reports:
     for shape in dict.fromkeys(r["shape"] for r in rows if r["run"] == name):
       by_turn = {r["turn"]: r["perf_best"] for r in rows if r["run"] == name and r["shape"] == shape
