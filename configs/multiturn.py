@@ -406,7 +406,7 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
     c.sft.eval_every_steps = 0  # No held-out loss or samples in the warm start.
     c.evaluation.in_training_splits = ("train", "heldout_compositions", "heldout_styles", "suite")
     c.evaluation.in_training_max_tasks = 1
-    c.sampler.max_new_tokens = 32  # Half the decode time of the 10 generate calls (8 evaluations, 2 RL turns).
+    c.sampler.max_new_tokens = 32  # Short decodes for the 10 generate calls (8 evaluations, 2 RL turns).
     c.rl.loss_constant = 32.0
     c.evaluation.in_training_trajectories = 4  # 4 x 1 per split: the RL step's decode batch of 4, compiled once.
     c.evaluation.in_training_turns = 1
