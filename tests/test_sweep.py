@@ -24,15 +24,35 @@ def test_aggregation_grid_commands(tmp_path):
 
 
 def test_every_sweep_command_parses_as_a_config(tmp_path):
-  """Each command's config + overrides is accepted by the real flag parser (no typo'd fields)."""
+  """Each command's config + overrides is accepted by the real flag parser (no typo'd fields); one process parses
+  them all, one after another."""
+  argvs, want = [], []
   for name in sweep.SWEEPS:
-    for _, argv in sweep.commands(name, str(tmp_path), []):
-      code = ("import sys; from absl import flags; from kevin_jax import main; "
-              "flags.FLAGS(sys.argv); c = flags.FLAGS.config; "
-              "print(c.rl.gamma, c.rl.return_mode, c.rollout.turns, c.rollout.trajectories)")
-      r = subprocess.run([sys.executable, "-c", code, *argv[3:]], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-      assert r.returncode == 0, (argv, r.stderr[-500:])
+    checkpoint = "runs/x/hf" if name in sweep.NEEDS_CHECKPOINT else ""
+    for run, argv in sweep.commands(name, str(tmp_path), [], checkpoint=checkpoint):
+      argvs.append(argv[2:])
+      want.append((name, run))
+  # kevin_jax.main's two flags, defined afresh per command: ml_collections reads the overrides off sys.argv when
+  # the config flag is defined.
+  code = ("import json, sys; from absl import flags; from ml_collections import config_flags\n"
+          "for argv in json.loads(sys.argv[1]):\n"
+          "  sys.argv = argv; fv = flags.FlagValues()\n"
+          "  config_flags.DEFINE_config_file('config', None, '', flag_values=fv, lock_config=True)\n"
+          "  flags.DEFINE_string('workdir', None, '', flag_values=fv)\n"
+          "  fv(argv); c = fv.config\n"
+          "  print(c.mode, c.tasks.source, c.rl.gamma, c.rl.return_mode, c.rollout.turns, c.rollout.trajectories, "
+          "c.total_steps, c.evaluation.split, len(c.evaluation.budgets))")
+  r = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], cwd=ROOT, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  got = dict(zip(want, r.stdout.splitlines()))
+  assert len(got) == len(argvs)
+  assert got[("aggregation", "max_g0.8")].split()[:4] == ["train", "bundled", "0.8", "max"]
+  assert got[("world_gamma", "max_g0.8")].split()[1:7] == ["generated", "0.8", "max", "4", "16", "16"]
+  assert got[("world_mode", "single_64x1")].split()[1:7] == ["generated", "0.4", "sum", "1", "64", "16"]
+  assert got[("world", "s1")].split()[:2] == ["train", "generated"]
+  assert got[("table2", "heldout_styles")].split()[:2] == ["evaluate", "generated"]
+  assert got[("table2", "heldout_styles")].split()[-2:] == ["heldout_styles", "3"]  # 16 x 8, 32 x 4, 128 x 1.
 
 
 def test_collect_table(tmp_path):
