@@ -109,7 +109,7 @@ def emu(monkeypatch, tmp_path):
              rtol=1e-4, half_atol=1e-2, half_rtol=1e-2, excessive_speedup=1e9, kernel_timeout_s=5.0,
              timing_input_sets=2, timed_inputs="fresh",
              input_distributions=("task", "normal", "uniform", "heavy", "shifted"), validate_fraction=0.2,
-             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0,
+             timing_graphs="never", graph_threshold_ms=0.05, flush_bytes=0, seed=0, profile_phases=False,
              max_local_memory_bytes=4 * 2**30, max_static_device_bytes=256 * 2**20)
   w.device = torch.device("cpu")
   w.limits = Limits()
@@ -606,3 +606,22 @@ def test_timing_waits_for_every_run_with_one_run_queued_ahead(emu, monkeypatch):
   assert [what for what, _ in timed] == [f"timed run {i}" for i in range(1, 24)]
   # Launches done when run i is waited for: the trials', runs 1..i and run i + 1 (the last run: nothing after it).
   assert [n for _, n in timed] == [TRIAL_CALLS + min(i + 1, 23) for i in range(1, 24)]
+
+
+def test_phase_breakdown_of_one_evaluation(emu):
+  """details.breakdown: host milliseconds per phase (correctness and timing split into their parts) with how often each
+  ran; with profile_phases the same phases get event times (stubbed events here: the plumbing, not GPU numbers)."""
+  res = emu({"add": _add}, timing_runs=20, warmup_runs=3, correctness_trials=5)
+  ph = res["details"]["breakdown"]
+  host, n = ph["host_ms"], ph["n"]
+  assert "gpu_ms" not in ph
+  assert n["correctness/launch"] == 10 and n["correctness/draw"] == 5 and n["correctness/compare"] == 5
+  assert n["timing/candidate"] == 23 and n["timing/draw"] == 23 and n["timing/wait"] == 23 and n["timing/pass"] == 1
+  assert n["timing/integrity"] == 2 * res["details"]["timing"]["validated"]  # Before and after each checked run.
+  parts = sum(v for k, v in host.items() if k.startswith("correctness/"))
+  assert 0 < parts <= host["correctness"] * 1.01 + 0.05
+  inner = sum(v for k, v in host.items() if k.startswith("timing/") and k not in ("timing/pass", "timing/setup"))
+  assert 0 < inner <= host["timing/pass"] * 1.01 + 0.05 and host["timing/pass"] <= host["timing"] + 0.05
+  res = emu({"add": _add}, timing_runs=20, warmup_runs=3, profile_phases=True)
+  gpu = res["details"]["breakdown"]["gpu_ms"]
+  assert set(gpu) == set(res["details"]["breakdown"]["host_ms"]) and gpu["timing"] > 0

@@ -167,14 +167,57 @@ def seal(t: torch.Tensor, seed: int) -> None:
     stream.zero_()
 
 
+def sealed_copy(t: torch.Tensor, seed: int) -> torch.Tensor:
+  """A new contiguous tensor holding `seal(t.clone(), seed)`, written in one pass (`seal` on it undoes it)."""
+  out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+  if t.numel() == 0:
+    return out
+  src = t.contiguous()
+  b, d = bytes_of(src), bytes_of(out)
+  if b.storage_offset() % 4:  # No word view of the source: copy, then seal (the same stream either way).
+    out.copy_(src)
+    seal(out, seed)
+    return out
+  gen = torch.Generator(device=t.device)
+  gen.manual_seed(seed)
+  n4 = d.numel() // 4
+  if n4:
+    src_w, dst_w = b[:4 * n4].view(torch.int32), d[:4 * n4].view(torch.int32)
+    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=t.device)
+    for start in range(0, n4, stream.numel()):
+      part = src_w[start:start + stream.numel()]
+      chunk = stream[:part.numel()]
+      chunk.random_(-2**31, 2**31, generator=gen)
+      torch.bitwise_xor(part, chunk, out=dst_w[start:start + part.numel()])
+    stream.zero_()
+  if d.numel() > 4 * n4:
+    stream = torch.randint(0, 256, (d.numel() - 4 * n4,), dtype=torch.uint8, device=t.device, generator=gen)
+    torch.bitwise_xor(b[4 * n4:], stream, out=d[4 * n4:])
+    stream.zero_()
+  return out
+
+
 def seal_all(tensors, seed: int) -> None:
   """`seal` for each tensor with its own stream (seed + j), so no two sealed tensors share a stream."""
   for j, t in enumerate(tensors):
     seal(t, seed + j)
 
 
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-  return a.shape == b.shape and torch.equal(bytes_of(a.contiguous()), bytes_of(b.contiguous()))
+def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+  """Whether two same-shape tensors differ in any byte (a 0-d bool on their device): 32-bit words where both align."""
+  x, y = bytes_of(a.contiguous()), bytes_of(b.contiguous())
+  if x.numel() % 4 == 0 and x.storage_offset() % 4 == 0 and y.storage_offset() % 4 == 0:
+    x, y = x.view(torch.int32), y.view(torch.int32)
+  return (x != y).any()
+
+
+def changed(pairs) -> list[bool]:
+  """For every (a, b) pair: whether their shapes, dtypes or bytes differ; one synchronisation for all pairs."""
+  pairs = list(pairs)
+  flags = [None if a.shape != b.shape or a.dtype != b.dtype else _differ(a, b) for a, b in pairs]
+  found = [f for f in flags if f is not None]
+  host = iter(torch.stack(found).cpu().tolist() if found else [])
+  return [True if f is None else bool(next(host)) for f in flags]
 
 
 def tolerance_for(dtype: torch.dtype, atol: float, rtol: float, half_atol: float, half_rtol: float,

@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from kevin_jax.kernels import footprint
+from kevin_jax.kernels.phases import PhaseClock
 
 
 class FakeHandler:
@@ -81,6 +82,12 @@ class FakeHandler:
     if action == "fatal":
       res.update(status="runtime_error", error="illegal memory access (fake)", fatal=True, speedup=None,
                  flags=["illegal_address"])
-    if payload.get("ref_time_ms") is not None:
-      res["details"]["ref_time_ms_given"] = payload["ref_time_ms"]
+    if payload.get("ref_time_ms") is not None:  # ref_timing 'cached': the reference time as the GPU worker reports it.
+      res["details"]["ref_time_ms_given"] = res["ref_time_ms"] = payload["ref_time_ms"]
+      res["details"]["timing"] = {"ref_ms": {"median": payload["ref_time_ms"], "cached": True}}
+    clock = PhaseClock()
+    for phase in ("load", "correctness", "timing"):
+      with clock(phase):
+        pass
+    res["details"]["breakdown"] = clock.summary()
     return res
