@@ -119,6 +119,7 @@ def emu(monkeypatch, tmp_path):
   w.secret = random.Random(0)
   w.hasher = KeyedHash(w.device)
   w.budget_end = float("inf")
+  w.last_task = None
   path = str(tmp_path / "add.py")
 
   def run(impl, cuda=CUDA_ADD, plan=PLAN_ADD, task=None, budget_s=60.0, source=None, **settings):
@@ -625,3 +626,20 @@ def test_phase_breakdown_of_one_evaluation(emu):
   res = emu({"add": _add}, timing_runs=20, warmup_runs=3, profile_phases=True)
   gpu = res["details"]["breakdown"]["gpu_ms"]
   assert set(gpu) == set(res["details"]["breakdown"]["host_ms"]) and gpu["timing"] > 0
+
+
+def test_the_allocator_cache_is_kept_for_the_same_task_and_released_otherwise(emu, monkeypatch):
+  """Evaluations of one task reuse the allocator's cached blocks; another task, or an idle worker, releases them."""
+  released = []
+  monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(1))
+  for _ in range(2):
+    assert emu({"add": _add}, timing_runs=3, correctness_trials=1)["status"] == "correct"
+  assert released == []
+  cuda, plan = _read_candidate("two_outputs")
+  impl = {"twice": lambda x, y, n: y.tensor.copy_(2 * x.tensor),
+          "rowsum": lambda x, s, rows, cols: s.tensor.copy_(x.tensor.sum(1))}
+  res = emu(impl, cuda=cuda, plan=plan, task="two_outputs", timing_runs=3, correctness_trials=1)
+  assert res["status"] == "correct" and len(released) == 1 and res["details"]["breakdown"]["n"]["release_cache"] == 1
+  emu.worker.idle()
+  assert len(released) == 2
+  assert emu({"add": _add}, timing_runs=3, correctness_trials=1)["status"] == "correct" and len(released) == 2

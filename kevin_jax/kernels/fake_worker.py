@@ -26,8 +26,13 @@ class FakeHandler:
   def __init__(self, settings: dict):
     self.settings = settings
     self.count = 0
+    self.idles = 0  # Times worker_main found no job waiting after a result.
     self.describe = {"device_name": "fake", "arch": settings.get("fake_arch", "sm_90"), "limits": {},
                      "torch": "fake", "pid": os.getpid()}
+
+  def idle(self) -> None:
+    """Called by worker_main when no job follows a result soon (the GPU worker releases cached memory)."""
+    self.idles += 1
 
   def run(self, payload: dict, report) -> dict:
     self.count += 1
@@ -67,6 +72,7 @@ class FakeHandler:
     report("timing")
     res = {"status": "correct", "error": "", "flags": [], "details": {"worker_pid": os.getpid(),
                                                                        "worker_count": self.count,
+                                                                       "worker_idles": self.idles,
                                                                        "unsafe_dists": payload.get("unsafe_dists", [])},
            "times": {"correctness": 0.001, "timing": 0.001}, "speedup": 2.0, "ref_time_ms": 1.0,
            "cand_time_ms": 0.5, "fatal": False}

@@ -129,6 +129,7 @@ class GpuWorker:
     self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
     closeness.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
+    self.last_task = None  # (task id, path) of the evaluation before: the allocator cache holds its sizes.
     import cupy  # pylint: disable=g-import-not-at-top
     self.describe = {
         "device_name": props.name, "arch": f"sm_{props.major}{props.minor}", "sm_count": props.multi_processor_count,
@@ -200,6 +201,10 @@ class GpuWorker:
     allocs = _allocator_counts(self.device)
     try:
       report("load")
+      if self.last_task not in (None, (job["task_id"], job["task_path"])):
+        with clock("release_cache"):  # Another task's sizes: its cached blocks would only fragment the pool.
+          torch.cuda.empty_cache()
+      self.last_task = (job["task_id"], job["task_path"])
       too_large = self._over_budget(job)
       if too_large is not None:
         res.update(too_large)
@@ -256,6 +261,11 @@ class GpuWorker:
       res["details"]["breakdown"] = clock.summary()
     return res
 
+  def idle(self) -> None:
+    """No job is waiting (worker_main): the allocator's cached memory goes back to the GPU."""
+    torch.cuda.empty_cache()
+    self.last_task = None
+
   def _over_budget(self, job: dict) -> dict | None:
     """The task-level skip when one evaluation would not fit task_memory_fraction x the free GPU memory.
 
@@ -289,7 +299,11 @@ class GpuWorker:
       raise
 
   def _after(self, state: TaskState | None, res: dict) -> None:
-    """Checks the reference weights, frees memory; a failure here makes the worker restart."""
+    """Checks the reference weights; a failure here makes the worker restart.
+
+    The allocator's cache is kept for the next evaluation of the same task (its buffers and draws have the same
+    sizes; cudaMalloc and cudaFree are slow, and cudaFree synchronises); `idle` and a change of task release it.
+    """
     try:
       torch.cuda.synchronize()
       now = self.hasher([p for _, p in state.model.named_parameters()], state.param_key) if state else None
@@ -297,7 +311,6 @@ class GpuWorker:
         res["flags"].append("reference_corrupted")
         _final(res, "runtime_error", "a kernel wrote into memory it does not own (the reference model's weights)")
         res["fatal"] = True  # The worker restarts; its cached reference models go with it.
-      torch.cuda.empty_cache()
     except Exception as e:  # pylint: disable=broad-except
       res["fatal"] = True
       res["details"]["cleanup_error"] = f"{type(e).__name__}: {e}"
