@@ -8,11 +8,11 @@ against the live shapes and the real device limits and the cubin against the sig
 load the cubin as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
-               first on its own copies; its outputs are kept on the GPU sealed (XOR with a secret stream) and the
-               unsealed copies are scrubbed. The candidate then runs twice on guarded buffers (fresh canaries per
-               run; poison 0xFF, then 0x5A), with a sync, a canary check after every launch, and an input/parameter
-               byte check after every run; the first run's outputs are sealed (XOR with a secret stream) while the
-               second runs. Both runs are compared with the reference (unsealed only now; closeness.py).
+               first on its own copies; its outputs are kept on the GPU sealed (XOR with a secret stream; in
+               place where the evaluator owns them). The candidate then runs twice on guarded buffers (fresh
+               canaries per run; poison 0xFF, then 0x5A), with a sync, a canary check after every launch, and an
+               input/parameter byte check after every run; the first run's outputs are kept as a sealed copy while
+               the second runs. Both runs are compared with the reference (unsealed only now; closeness.py).
   timing       see timing.py.
 
 Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
