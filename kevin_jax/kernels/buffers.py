@@ -113,17 +113,27 @@ class BufferSet:
   def pointers(self) -> dict[str, int]:
     return {n: g.ptr for n, g in self.buffers.items()}
 
-  def guard_violations(self) -> list[tuple[str, str, int]]:
-    """(buffer, 'before'|'after', changed bytes) for every guard that no longer matches (one sync)."""
+  def guard_counts(self) -> tuple[list[Guarded], torch.Tensor | None]:
+    """The changed bytes of every guard, counted on the device (queued on the stream; no sync)."""
     items = list(self.buffers.values())
     if not items:
-      return []
+      return items, None
     counts = []
     for g in items:
       head, tail = self.expect[g.name]
       counts.append((g.head != head).sum())
       counts.append((g.tail != tail).sum())
-    host = torch.stack(counts).cpu().tolist()
+    return items, torch.stack(counts)
+
+  def guard_violations(self, counted=None) -> list[tuple[str, str, int]]:
+    """(buffer, 'before'|'after', changed bytes) for every guard that no longer matches (one sync).
+
+    `counted`: a `guard_counts()` queued earlier (e.g. right after a launch, before waiting for it); else now.
+    """
+    items, counts = counted if counted is not None else self.guard_counts()
+    if counts is None:
+      return []
+    host = counts.cpu().tolist()
     out = []
     for k, g in enumerate(items):
       if host[2 * k]:

@@ -472,10 +472,12 @@ class GpuWorker:
           except Exception as e:  # pylint: disable=broad-except
             kind, msg = classify(e, at_launch=True)
             raise CandidateError(kind, f"{where}: {msg} [{str(e)[:160]}]", fatal=not _context_ok()) from e
+          with clock("correctness/guards"):
+            counted = bufs.guard_counts()  # Queued behind the launch: the wait below covers it.
           with clock("correctness/wait"):
             self.wait_for(where, deadline_s)
           with clock("correctness/guards"):
-            bad = bufs.guard_violations()
+            bad = bufs.guard_violations(counted)
           if bad:
             name, side, nbytes = bad[0]
             shown = "out" if name == "out0" and len(outs) == 1 else name
