@@ -5,8 +5,10 @@
 1. Throughput: --n full evaluations (5 correctness trials + 100 timed runs each, the defaults) of correct kernels
    for three tasks whose PyTorch reference takes about 1 ms (ReLU over 256M floats, row softmax 16384 x 16384,
    fp32 matmul 5120x1024x5120), each candidate a distinct source (so every one is really compiled), submitted as one
-   batch like an RL step. Reports evaluations per minute and the per-phase breakdown (compile, correctness,
-   timing, queue waits).
+   batch like an RL step. Reports evaluations per minute, the per-phase breakdown (compile, correctness,
+   timing, queue waits) and, per task, the worker's own split (details.breakdown: host ms per phase and sub-phase;
+   --profile-phases adds each phase's GPU time from CUDA events). --ref-timing cached gives the main job's setting
+   (the reference timed in each task's warm-up evaluation, then only on validated runs).
 2. Repeatability: the same candidate re-evaluated --repeats times per task; speedup spread (max-min)/2 around the
    median, in percent (goal: within +-3%).
 3. Compile time: NVRTC (our path) for the ReLU kernel, cold, vs a KernelBench-style
