@@ -643,3 +643,63 @@ def test_the_allocator_cache_is_kept_for_the_same_task_and_released_otherwise(em
   emu.worker.idle()
   assert len(released) == 2
   assert emu({"add": _add}, timing_runs=3, correctness_trials=1)["status"] == "correct" and len(released) == 2
+
+
+ALIASED_OUTPUTS = '''
+import torch
+class Model(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.register_buffer("b", torch.arange(64, dtype=torch.float32).reshape(8, 8))
+  def forward(self, x):
+    y = x * 2.0
+    return y, y, x.t(), self.b
+def get_inputs():
+  return [torch.randn(8, 8)]
+def get_init_inputs():
+  return []
+'''
+CUDA_ALIASED = ('extern "C" __global__ void four(const float* x, const float* b, float* o0, float* o1, float* o2, '
+                'float* o3, int n) {}')
+PLAN_ALIASED = "launch four grid=(1,) block=(64,) args=(x, b, out0, out1, out2, out3, x.numel)"
+
+
+def test_reference_outputs_that_alias_each_other_a_buffer_or_a_transpose(emu, monkeypatch):
+  """Reference outputs sealed in place only where the evaluator owns them: the same tensor twice, a transposed view
+  (sealing a view in place would seal a reshaped copy) and the model's own buffer are all sealed while the candidate
+  runs, compare right in every trial, and the buffer is intact afterwards."""
+  kept = []
+  real = worker.GpuWorker.reference
+
+  def reference(self, state, inputs):
+    out = real(self, state, inputs)
+    kept.append((out[0], inputs[0].clone()))
+    return out
+
+  monkeypatch.setattr(worker.GpuWorker, "reference", reference)
+
+  calls = []
+
+  def four(x, b, o0, o1, o2, o3, n):
+    calls.append(1)
+    if len(calls) <= TRIAL_CALLS:  # Correctness runs: the trial's reference outputs are still sealed.
+      sealed, x0 = kept[-1]
+      truth = [x0 * 2.0, x0 * 2.0, x0.t(), b.tensor]
+      for s, t in zip(sealed, truth):
+        assert s.is_contiguous() and (B.bytes_of(s) != B.bytes_of(t.contiguous())).float().mean() > 0.9
+    o0.tensor.copy_(x.tensor * 2.0)
+    o1.tensor.copy_(x.tensor * 2.0)
+    o2.tensor.copy_(x.tensor.t())
+    o3.tensor.copy_(b.tensor)
+
+  res = emu({"four": four}, cuda=CUDA_ALIASED, plan=PLAN_ALIASED, source=ALIASED_OUTPUTS, timing_runs=3)
+  assert res["status"] == "correct", res["error"]
+  state = next(s for s in emu.worker.tasks.values() if s.task_id == "custom")
+  assert torch.equal(state.params["b"], torch.arange(64, dtype=torch.float32).reshape(8, 8))
+
+  def stale(x, b, o0, o1, o2, o3, n):
+    four(x, b, o0, o1, o2, o3, n)
+    o2.tensor.copy_(x.tensor)  # Not the transpose.
+
+  res = emu({"four": stale}, cuda=CUDA_ALIASED, plan=PLAN_ALIASED, source=ALIASED_OUTPUTS, timing_runs=3)
+  assert res["status"] == "incorrect" and res["details"]["mismatch"]["output"] == "out2", res["error"]
