@@ -53,11 +53,6 @@ class PhaseClock:
   def __call__(self, name: str) -> _Span:
     return _Span(self, name)
 
-  def add(self, name: str, seconds: float) -> None:
-    """Host seconds measured elsewhere (a phase that is not one block)."""
-    self.host[name] = self.host.get(name, 0.0) + seconds
-    self.count[name] = self.count.get(name, 0) + 1
-
   def summary(self) -> dict:
     """{"host_ms": {phase: ms}, "n": {phase: count}, "gpu_ms": {phase: ms} (with `gpu`), plus `extra`}.
 
@@ -76,21 +71,3 @@ class PhaseClock:
       out["gpu_ms"] = {k: round(v, 2) for k, v in gpu.items()}
     out.update(self.extra)
     return out
-
-
-class NullClock(PhaseClock):
-  """A clock that records nothing (for callers outside an evaluation, e.g. tests of one function)."""
-
-  def __call__(self, name: str) -> _Span:
-    return _NULL_SPAN
-
-
-class _NullSpan:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
-
-
-_NULL_SPAN = _NullSpan()

@@ -130,6 +130,7 @@ class GpuWorker:
     closeness.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
     self.last_task = None  # (task id, path) of the evaluation before: the allocator cache holds its sizes.
+    self.clock = PhaseClock()  # The evaluation in progress's phase times (details.breakdown); new per run.
     import cupy  # pylint: disable=g-import-not-at-top
     self.describe = {
         "device_name": props.name, "arch": f"sm_{props.major}{props.minor}", "sm_count": props.multi_processor_count,
