@@ -238,3 +238,22 @@ def test_trial_distributions():
   assert I.trial_distributions(3, ("task", "normal"), ("task",)) == ["task"] * 3
   assert I.trial_distributions(4, ("task", "normal", "heavy"), None, unsafe=("normal",)) == ["task", "heavy",
                                                                                              "task", "heavy"]
+
+
+@pytest.mark.gpu
+def test_sealed_copy_and_changed_on_the_gpu(monkeypatch):
+  """On CUDA tensors (several stream chunks and a byte tail): sealed_copy == clone + seal, seal undoes it, and
+  changed() sees one flipped byte in 2^22 words."""
+  if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU")
+  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 2**20)
+  x = torch.randn(2**22 + 3, device="cuda").to(torch.float16)  # 8 MiB + 6 bytes: 2 chunks and a 2-byte tail.
+  expect = x.clone()
+  B.seal(expect, 77)
+  y = B.sealed_copy(x, 77)
+  assert torch.equal(B.bytes_of(y), B.bytes_of(expect))
+  B.seal(y, 77)
+  assert torch.equal(B.bytes_of(y), B.bytes_of(x))
+  z = x.clone()
+  B.bytes_of(z)[12345] ^= 0x01
+  assert B.changed([(x, x.clone()), (x, z)]) == [False, True]
