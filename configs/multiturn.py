@@ -182,6 +182,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.graph_threshold_ms = 0.05  # Launch-bound cut-off for timing_graphs=auto, milliseconds.
   c.evaluator.ref_timing = "cached"  # cached (time the reference once per task/GPU/torch, then only on validated
   #   runs) | interleaved (time it in every evaluation: the evaluator library's default).
+  c.evaluator.profile_phases = False  # CUDA events around each phase of an evaluation: details.breakdown.gpu_ms
+  #   (the host wall-clock split, details.breakdown.host_ms, is always there; kernels/phases.py).
   c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
   c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
   c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).

@@ -6,6 +6,7 @@ everything else (compile pool, static checks, scheduling, deadlines, replacement
 
 import os
 import re
+import time
 import uuid
 
 import pytest
@@ -54,6 +55,18 @@ def test_crashes_hangs_and_errors_become_results(ev):
   # Still serving, with fresh workers.
   (r,) = ev.evaluate([("vec_add", marked("ok", "later"))])
   assert r.status == "correct"
+
+
+def test_an_idle_worker_is_told_so(ev):
+  """worker_main calls the handler's `idle` (the GPU worker: release cached memory) when no job follows a result
+  within IDLE_AFTER_S; a worker that waited between two batches has been idle at least once."""
+  (a,) = ev.evaluate([("vec_add", marked("ok", "idle-a"))])
+  time.sleep(0.3)
+  (b,) = ev.evaluate([("vec_add", marked("ok", "idle-b"))])
+  if a.details["worker_pid"] == b.details["worker_pid"]:
+    assert b.details["worker_idles"] > a.details["worker_idles"]
+  else:  # Recycled in between: the fresh worker had not yet run a job.
+    assert b.details["worker_idles"] == 0
 
 
 def test_memory_watchdog_kills_the_worker(ev):
