@@ -9,7 +9,9 @@ Presets: those of multiturn.py (e.g. `:runlocal`), plus
                splits; kevin_jax/report/standard.py), torch.compile timed as a second reference:
     python -m kevin_jax.main --config=configs/eval.py:kernelbench --config.policy.checkpoint=HF_DIR \\
         --config.tasks.source=DIR --workdir=runs/kb_eval
-Writes workdir/eval/{results.md, results.csv, scaling.png, trajectories.jsonl} (kernelbench: also
+On the task world (`:world`), the paper's Table 2 on both held-out splits: `python experiments/sweep.py table2
+--checkpoint DIR --run` (experiments/world_job).
+Writes workdir/eval/{results.md, results.csv, report.json, scaling.png, trajectories.jsonl} (kernelbench: also
 standard_report.md, standard_summary.csv, standard_turns.csv, standard_tasks.csv, standard_report.png).
 The policy: evaluation.checkpoint (an Orbax run or HF directory), else policy.checkpoint, else this workdir.
 """

@@ -9,8 +9,12 @@ Presets, comma-separated after a colon (big_vision style):
   configs/multiturn.py:paper      the paper's recipe: a local QwQ-32B-class HF checkpoint
                                   (--config.policy.checkpoint=DIR), KernelBench L1+L2
                                   (--config.tasks.source=DIR), 8 GPUs, 16k/22k-token responses.
-  configs/multiturn.py:world      the generated task world (tasks.source='generated') with in-job evaluations
-                                  on its four splits.
+  configs/multiturn.py:world      the generated task world (tasks.source='generated'): a 1,500-step warm start on
+                                  its corpus, RL on its train split, in-job evaluations before and after on its four
+                                  splits (train, heldout_compositions, heldout_styles, suite), the whole job within
+                                  time_budget_s = 900 s. The main job of the task-world experiments
+                                  (experiments/world_job: `python experiments/sweep.py world`); with runlocal, a
+                                  small world, 1 warm-start step, 1 RL step, one task per split.
 Any field can be overridden: --config.rl.gamma=0.8. A misspelt field is an error (the config is locked).
 
 Paper values cite the Kevin paper (arXiv 2507.11948) by section: [P §n], [P Table n], [P eq. n].
@@ -178,6 +182,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.graph_threshold_ms = 0.05  # Launch-bound cut-off for timing_graphs=auto, milliseconds.
   c.evaluator.ref_timing = "cached"  # cached (time the reference once per task/GPU/torch, then only on validated
   #   runs) | interleaved (time it in every evaluation: the evaluator library's default).
+  c.evaluator.profile_phases = False  # CUDA events around each phase of an evaluation: details.breakdown.gpu_ms
+  #   (the host wall-clock split, details.breakdown.host_ms, is always there; kernels/phases.py).
   c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
   c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
   c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).
@@ -386,5 +392,23 @@ def _apply_presets(c: ml_collections.ConfigDict, arg: str) -> None:
       c.tasks.source = "generated"
       c.evaluation.in_training_splits = ("train", "heldout_compositions", "heldout_styles", "suite")
       c.evaluation.in_training_max_tasks = 20  # Per split: 4 per family (the splits interleave families).
+      c.sft.steps = 1500  # A fixed count, not 30 epochs: the world's corpus (train + heldout_styles, ~5k examples)
+      #   would take ~9k steps; 1,500 is ~1.4x the default job's warm start on the bundled corpus.
+      c.time_budget_s = 900.0  # The whole job (warm start, step-0 evaluation, RL, closing evaluation) within ~15 min
+      #   on one GPU: RL stops at the step that leaves just room for the closing evaluation.
     else:
       raise ValueError(f"unknown preset {name!r} in '{arg}'; known: runlocal, paper, world")
+  if "world" in presets and "runlocal" in presets:  # In either order: a small world, every split, one task each.
+    c.tasks.world_train = 4  # Tasks per family: the world and its corpus are built in seconds.
+    c.tasks.world_heldout_compositions = 1
+    c.tasks.world_heldout_styles = 1
+    c.total_steps = 1
+    c.time_budget_s = 0.0
+    c.sft.steps = 1
+    c.sft.eval_every_steps = 0  # No held-out loss or samples in the warm start.
+    c.evaluation.in_training_splits = ("train", "heldout_compositions", "heldout_styles", "suite")
+    c.evaluation.in_training_max_tasks = 1
+    c.sampler.max_new_tokens = 32  # Short decodes for the 10 generate calls (8 evaluations, 2 RL turns).
+    c.rl.loss_constant = 32.0
+    c.evaluation.in_training_trajectories = 4  # 4 x 1 per split: the RL step's decode batch of 4, compiled once.
+    c.evaluation.in_training_turns = 1

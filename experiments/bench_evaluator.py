@@ -5,8 +5,10 @@
 1. Throughput: --n full evaluations (5 correctness trials + 100 timed runs each, the defaults) of correct kernels
    for three tasks whose PyTorch reference takes about 1 ms (ReLU over 256M floats, row softmax 16384 x 16384,
    fp32 matmul 5120x1024x5120), each candidate a distinct source (so every one is really compiled), submitted as one
-   batch like an RL step. Reports evaluations per minute and the per-phase breakdown (compile, correctness,
-   timing, queue waits).
+   batch like an RL step. Reports evaluations per minute, the per-phase breakdown (compile, correctness,
+   timing, queue waits) and, per task, the worker's own split (details.breakdown: host ms per phase and sub-phase;
+   --profile-phases adds each phase's GPU time from CUDA events). --ref-timing cached gives the main job's setting
+   (the reference timed in each task's warm-up evaluation, then only on validated runs).
 2. Repeatability: the same candidate re-evaluated --repeats times per task; speedup spread (max-min)/2 around the
    median, in percent (goal: within +-3%).
 3. Compile time: NVRTC (our path) for the ReLU kernel, cold, vs a KernelBench-style
@@ -91,6 +93,45 @@ def phase_means(results) -> dict:
   return out
 
 
+def phase_breakdown(results) -> dict:
+  """Mean milliseconds per worker phase (details.breakdown: host wall-clock, and GPU event time when profiled)."""
+  out = {}
+  for kind in ("host_ms", "gpu_ms"):
+    rows = [r.details["breakdown"][kind] for r in results if kind in (r.details or {}).get("breakdown", {})]
+    if rows:
+      names = list(dict.fromkeys(k for row in rows for k in row))
+      out[kind] = {k: round(statistics.fmean(row.get(k, 0.0) for row in rows), 2) for k in names}
+  for key in ("cuda_malloc", "cuda_free"):
+    vals = [r.details["breakdown"][key] for r in results if key in (r.details or {}).get("breakdown", {})]
+    if vals:
+      out[key] = statistics.fmean(vals)
+  return out
+
+
+def phase_lines(per_task: dict) -> list[str]:
+  """Markdown: mean ms per worker phase, one row per phase, host (and GPU when profiled) columns per task."""
+  phs = {task: d.get("phases") or {} for task, d in per_task.items() if (d.get("phases") or {}).get("host_ms")}
+  if not phs:
+    return []
+  names = list(dict.fromkeys(k for ph in phs.values() for k in ph["host_ms"]))
+  gpu = any("gpu_ms" in ph for ph in phs.values())
+  head = [f"{t} {side}" for t in phs for side in (("host", "GPU") if gpu else ("host",))]
+  lines = ["", "Worker phases, mean ms per evaluation (details.breakdown; a phase includes its '/' sub-phases):", "",
+           "| phase | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
+  for k in names:
+    cells = []
+    for ph in phs.values():
+      cells.append(f"{ph['host_ms'][k]:.2f}" if k in ph["host_ms"] else "-")
+      if gpu:
+        cells.append(f"{ph['gpu_ms'][k]:.2f}" if k in ph.get("gpu_ms", {}) else "-")
+    lines.append(f"| {k} | " + " | ".join(cells) + " |")
+  cells = []
+  for ph in phs.values():
+    cells += [f"{ph.get('cuda_malloc', 0):.1f} / {ph.get('cuda_free', 0):.1f}"] + (["-"] if gpu else [])
+  lines.append("| cudaMalloc / cudaFree calls | " + " | ".join(cells) + " |")
+  return lines
+
+
 def run_load_inline(timeout_s: float) -> dict:
   build = tempfile.mkdtemp(prefix="bench_load_inline_")
   env = dict(os.environ, MAX_JOBS=str(os.cpu_count() or 8), TORCH_CUDA_ARCH_LIST="9.0")
@@ -122,6 +163,8 @@ def main() -> None:
                   help="compare two suite_check.json files and exit (no GPU)")
   ap.add_argument("--ref-timing", default="interleaved", choices=("interleaved", "cached"),
                   help="evaluator.ref_timing ('cached': the reference timed in a task's first evaluation only)")
+  ap.add_argument("--profile-phases", action="store_true",
+                  help="evaluator.profile_phases: GPU event time per worker phase beside the host time")
   args = ap.parse_args()
   if args.compare_suite:
     print(compare_suites(*args.compare_suite))
@@ -134,11 +177,13 @@ def main() -> None:
                       handlers=[logging.FileHandler(os.path.join(args.out, "bench_evaluator.log")),
                                 logging.StreamHandler()])
   log = logging.getLogger("bench")
-  report: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+  report: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "ref_timing": args.ref_timing}
   t_all = time.perf_counter()
   cands = {t: read("candidates", t + ".md") for t in TASKS}
   cache_dir = tempfile.mkdtemp(prefix="bench_evaluator_cache_")  # Cold NVRTC cache.
-  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s, ref_timing=args.ref_timing)
+  cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s, ref_timing=args.ref_timing,
+                        profile_phases=args.profile_phases)
   t = time.perf_counter()
   with Evaluator(cfg, task_source=os.path.join(DATA, "tasks"), _gpu_role="fake" if args.fake else "gpu") as ev:
     # Warm-up: one evaluation per task loads the reference models and cuBLAS in the worker.
@@ -160,8 +205,11 @@ def main() -> None:
     statuses = {s: sum(r.status == s for r in rs) for s in sorted({r.status for r in rs})}
     report["throughput"] = {
         "n": args.n, "wall_s": wall, "evals_per_min": args.n / wall * 60, "statuses": statuses,
+        "ref_from_cache": sum(bool(((r.details or {}).get("timing") or {}).get("ref_ms", {}).get("cached"))
+                              for r in rs),
         "phase_mean_s": phase_means(rs),
         "per_task": {task: {"phase_mean_s": phase_means([r for r in rs if r.task_id == task]),
+                            "phases": phase_breakdown([r for r in rs if r.task_id == task]),
                             "speedup_median": statistics.median([r.speedup for r in rs
                                                                  if r.task_id == task and r.speedup] or [0]),
                             "ref_ms_median": statistics.median([r.ref_time_ms for r in rs
@@ -293,7 +341,8 @@ def markdown(rep: dict) -> str:
            f"GPU: {gpu.get('device_name')} ({gpu.get('arch')}), torch {gpu.get('torch')}, cupy {gpu.get('cupy')}; "
            f"command: `{rep['command']}`", "",
            f"Throughput: **{tp.get('evals_per_min', 0):.1f} full evaluations / min** ({tp.get('n')} in "
-           f"{tp.get('wall_s', 0):.1f} s; statuses {tp.get('statuses')}); startup + warm-up "
+           f"{tp.get('wall_s', 0):.1f} s; statuses {tp.get('statuses')}; ref_timing {rep.get('ref_timing')}, "
+           f"reference time from the cache in {tp.get('ref_from_cache', 0)}); startup + warm-up "
            f"{rep.get('startup_and_warmup_s', 0):.1f} s", "",
            "| task | ref ms | speedup | compile s | correctness s | timing s | gpu total s | queue->done s |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -302,6 +351,7 @@ def markdown(rep: dict) -> str:
     lines.append(f"| {task} | {d['ref_ms_median']:.3f} | {d['speedup_median']:.3f} | {p.get('compile', 0):.3f} | "
                  f"{p.get('correctness', 0):.3f} | {p.get('timing', 0):.3f} | {p.get('gpu_total', 0):.3f} | "
                  f"{p.get('total', 0):.1f} |")
+  lines += phase_lines(tp.get("per_task", {}))
   lines += ["", "| task | speedups over repeats | spread (+-%) |", "| --- | --- | --- |"]
   for task, d in rep.get("repeatability", {}).items():
     if "speedups" in d:

@@ -1,6 +1,10 @@
 """Learner-step throughput and MFU for Qwen2.5-0.5B- and 1.5B-shaped random models (bf16, 4k-token samples).
 
   python experiments/bench_learner.py --out runs/bench_learner      # one H200: ~3-4 minutes with compiles
+  python experiments/bench_learner.py --lowered-digest --attention xla --seq-len 512   # any machine, no GPU
+
+`--lowered-digest` lowers the step for abstract inputs (nothing compiled, allocated or run) and prints a digest of
+its StableHLO text without source locations: two trees with equal digests run the same learner program.
 
 What is timed: `Learner.step` (kevin_jax/rl/learner.py) end to end on a rollout batch of `rows` samples of
 `seq_len` tokens: the forward-only recompute of old log-probs, then `updates_per_batch` = 2 optimizer updates,
@@ -44,22 +48,40 @@ def flops_per_token(cfg, seq_len: int, *, full_attention: bool = False) -> tuple
   return 2 * n_mm + attn, n_mm
 
 
-def bench_one(preset: str, args, mesh) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def lowered_digest(preset: str, args, mesh) -> dict:
+  """sha256 of the step's StableHLO for abstract inputs, source locations removed (module docstring)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  learner, model_cfg = _learner(preset, args, mesh)
+  rows = learner.rows_multiple() * args.accum
+  text = learner.lowered(rows, args.seq_len).as_text()
+  text = re.sub(r"#loc\d*|loc\([^)]*\)", "", text)
+  return {"preset": preset, "params": model_cfg.num_params(), "scan_layers": args.scan_layers,
+          "attention": args.attention, "seq_len": args.seq_len, "rows": rows, "chars": len(text),
+          "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def _learner(preset: str, args, mesh):
   from configs import multiturn  # pylint: disable=g-import-not-at-top
   from kevin_jax.policy.config import get_preset  # pylint: disable=g-import-not-at-top
-  from kevin_jax.rl.learner import Learner, TrainBatch, check_finite  # pylint: disable=g-import-not-at-top
-
-  mb = args.micro_batch.get(preset, 4)
+  from kevin_jax.rl.learner import Learner  # pylint: disable=g-import-not-at-top
   config = multiturn.get_config()
-  config.rl.micro_batch_size = mb
+  config.rl.micro_batch_size = args.micro_batch.get(preset, 4)
   config.rl.scan_layers = bool(args.scan_layers)
   config.rl.logits_chunk = args.logits_chunk
   config.rl.loss_constant = float(args.seq_len)
   model_cfg = get_preset(preset, param_dtype="bfloat16", compute_dtype="bfloat16", remat=args.remat,
                          attention_impl=args.attention)
-  learner = Learner.from_config(config, mesh, model_cfg=model_cfg)
+  return Learner.from_config(config, mesh, model_cfg=model_cfg), model_cfg
+
+
+def bench_one(preset: str, args, mesh) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from kevin_jax.rl.learner import TrainBatch, check_finite  # pylint: disable=g-import-not-at-top
+
+  mb = args.micro_batch.get(preset, 4)
+  learner, model_cfg = _learner(preset, args, mesh)
   rows = learner.rows_multiple() * args.accum
   t = args.seq_len
   rng = np.random.default_rng(0)
@@ -138,6 +160,8 @@ def main() -> int:
   p.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"))
   p.add_argument("--logits-chunk", type=int, default=1024)
   p.add_argument("--mesh", default="fsdp=-1", help="mesh axes name=size,...; default all devices FSDP")
+  p.add_argument("--lowered-digest", action="store_true",
+                 help="print a digest of each preset's lowered step program and exit (no GPU needed)")
   args = p.parse_args()
   args.micro_batch = {k: int(v) for k, v in (kv.split("=") for kv in args.micro_batch.split(",") if kv)}
   os.makedirs(args.out, exist_ok=True)
@@ -148,6 +172,10 @@ def main() -> int:
   mesh = sharding.make_mesh(axes)
   device = f"{mesh.devices.size} x {jax.devices()[0].device_kind}"
   print(f"bench_learner on {device}, jax {jax.__version__}, mesh {dict(mesh.shape)}", flush=True)
+  if args.lowered_digest:
+    for preset in [x for x in args.presets.split(",") if x]:
+      print(json.dumps(lowered_digest(preset, args, mesh)), flush=True)
+    return 0
   results = []
   for preset in [x for x in args.presets.split(",") if x]:
     print(f"[{preset}] compiling and running ...", flush=True)

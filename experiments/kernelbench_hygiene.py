@@ -5,7 +5,8 @@
 
 Writes to --out: hygiene.md (summary, every task that is not ok with its reasons and footprint), hygiene.csv (every
 task), records.json, and environment.json (the checkout's commit, device, torch version). On a GPU (the default
-when one is visible) the checks may use half its free memory per task, so nearly every task runs at its own sizes;
+when one is visible) the checks may use half of its usable memory per task (free plus what torch's allocator caches;
+the cache is emptied after each task), so nearly every task runs at its own sizes;
 on the CPU they use at most --max-gb (0.5 GiB) and larger tasks run at a lowered batch_size or are reported as not
 checked. The evaluator's memory budget (evaluator.task_memory_fraction) is a separate, per-GPU decision: the
 `evaluation_bytes` column is what it compares.

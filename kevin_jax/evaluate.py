@@ -3,9 +3,10 @@
 For a checkpoint and a task split: k trajectories x n turns per task, reported per turn as best@k / avg@k of
 correctness and performance (a trajectory's performance = its fastest correct kernel, 0 if none) and fast_1 /
 fast_1.5; with evaluation.standard_report, the field's standard report (kevin_jax/report/standard.py); the
-fixed-budget comparison of (trajectories, turns) pairs; optionally the beam search (keep the best
-`width` trajectories of a task, clone each `clones` times, continue). Writes workdir/eval/results.md,
-results.csv, scaling.png and trajectories.jsonl (and standard_report.md / *.csv / .png).
+fixed-budget comparison of (trajectories, turns) pairs, each with its best so far per turn [P Table 2, Fig. 5];
+optionally the beam search (keep the best `width` trajectories of a task, clone each `clones` times, continue).
+Writes workdir/eval/results.md, results.csv (budget rows: `budget`, the last turn; `budget_KxN_turn`, every
+turn), report.json, scaling.png and trajectories.jsonl (and standard_report.md / *.csv / .png).
 """
 
 from __future__ import annotations
@@ -174,8 +175,9 @@ def run_evaluation(task_ids: Sequence[str], sources: dict[str, str], s: EvalSett
     else:
       turns, _ = _run(task_ids, sources, k, n, seed + 101 * (b + 1), generate, reward, encode_chat, s)
       traj_log.append((f"budget_{k}x{n}", turns))
-    row = per_turn_table(turns, task_ids, n)[-1]
-    report["budgets"].append({"trajectories": k, "turns": n, "kernels": k * n, **row})
+    rows = per_turn_table(turns, task_ids, n)
+    report["budgets"].append({"trajectories": k, "turns": n, "kernels": k * n, **rows[-1],
+                              "per_turn": [{c: r[c] for c in ("turn", *_COLS)} for r in rows]})
   if s.beam:
     report["beam"], beam_turns = beam_search(task_ids, sources, s, seed + 31337, generate, reward, encode_chat)
     traj_log.append(("beam", beam_turns))
@@ -216,6 +218,8 @@ def write_reports(report: dict, traj_log, out_dir: str) -> None:
     w.writerow(["table", "trajectories", "turns"] + _COLS)
     w.writerows(["per_turn", k, r["turn"]] + [r[c] for c in _COLS] for r in report["per_turn"])
     w.writerows(["budget", b["trajectories"], b["turns"]] + [b[c] for c in _COLS] for b in report["budgets"])
+    w.writerows([f"budget_{b['trajectories']}x{b['turns']}_turn", b["trajectories"], r["turn"]] + [r[c] for c in _COLS]
+                for b in report["budgets"] for r in b["per_turn"])
   with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=1)
   with open(os.path.join(out_dir, "trajectories.jsonl"), "w", encoding="utf-8") as f:
@@ -238,6 +242,10 @@ def _plot(report: dict, path: str) -> None:
   k = report["trajectories"]
   axes[0].plot(t, [r["perf_best"] for r in report["per_turn"]], "o-", label=f"perf best@{k}")
   axes[0].plot(t, [r["perf_avg"] for r in report["per_turn"]], "s--", label=f"perf avg@{k}")
+  for b in report["budgets"]:  # Best so far after each turn, per fixed-budget shape [P Fig. 5].
+    if b["turns"] > 1 and (b["trajectories"], b["turns"]) != (k, report["turns"]):
+      axes[0].plot([r["turn"] for r in b["per_turn"]], [r["perf_best"] for r in b["per_turn"]], ".:",
+                   label=f"perf best@{b['trajectories']} ({b['trajectories']}x{b['turns']})")
   axes[0].set_xlabel("turns")
   axes[0].set_ylabel("mean speedup (failures count 0)")
   axes[0].legend()

@@ -100,6 +100,21 @@ def test_presets_change_what_they_promise():
     multiturn.get_config("nope")
 
 
+def test_world_preset_and_its_smoke_mode():
+  """world: the generated world's job within 900 s, evaluated on its four splits; with runlocal (in either order) a
+  small world, one task per split, no time budget; the bundled default untouched."""
+  splits = ("train", "heldout_compositions", "heldout_styles", "suite")
+  base, world = multiturn.get_config(""), multiturn.get_config("world")
+  assert world.tasks.source == "generated" and base.tasks.source == "bundled"
+  assert world.evaluation.in_training_splits == splits and world.evaluation.in_training_max_tasks == 20
+  assert world.time_budget_s == 900.0 and world.sft.steps == 1500 and base.time_budget_s == 0.0
+  a, b = multiturn.get_config("world,runlocal"), multiturn.get_config("runlocal,world")
+  assert a.to_dict() == b.to_dict()
+  assert a.policy.preset == "tiny" and a.tasks.world_train == 4 and a.total_steps == 1 and a.time_budget_s == 0.0
+  assert a.evaluation.in_training_splits == splits and a.evaluation.in_training_max_tasks == 1
+  assert sorted(k for k, _ in _leaves(a)) == sorted(k for k, _ in _leaves(base))
+
+
 def _main(*args):
   return subprocess.run([sys.executable, "-m", "kevin_jax.main", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)

@@ -105,3 +105,19 @@ def test_task_level_results_are_left_out_of_the_summary():
   for k in ("correct_best", "perf_best", "perf_avg", "kernel/score_mean", "kernel/correct_rate"):
     assert both[k] == pytest.approx(alone[k]), k
   assert both["perf_best"] == pytest.approx(1.0)
+
+
+def test_budgets_report_best_so_far_per_turn(tmp_path):
+  """Each fixed-budget shape carries its per-turn best-so-far rows (the paper's Fig. 5 reading), in report.json and
+  results.csv: 2 x 3 reaches 0.5x after turn 2 and 1.0x after turn 3; 6 x 1 stays at 0 correct."""
+  import csv  # pylint: disable=g-import-not-at-top
+  rep = evaluate.run_evaluation(["t1", "t2"], SOURCES, _settings(beam=False), seed=0, generate=fake_generate,
+                                reward=turn_reward, encode_chat=encode_chat, out_dir=str(tmp_path))
+  b = {(x["trajectories"], x["turns"]): x for x in json.load(open(tmp_path / "report.json"))["budgets"]}
+  assert [r["turn"] for r in b[(2, 3)]["per_turn"]] == [1, 2, 3]
+  assert [r["perf_best"] for r in b[(2, 3)]["per_turn"]] == [0.0, pytest.approx(0.5), pytest.approx(1.0)]
+  assert [r["correct_avg"] for r in b[(2, 3)]["per_turn"]] == [0.0, 1.0, 1.0]
+  assert [r["correct_best"] for r in b[(6, 1)]["per_turn"]] == [0.0]
+  assert b[(2, 3)]["per_turn"][-1]["perf_best"] == rep["budgets"][0]["perf_best"]
+  rows = [r for r in csv.DictReader(open(tmp_path / "results.csv")) if r["table"] == "budget_2x3_turn"]
+  assert [(r["turns"], float(r["perf_best"])) for r in rows] == [("1", 0.0), ("2", 0.5), ("3", 1.0)]

@@ -6,6 +6,7 @@ everything else (compile pool, static checks, scheduling, deadlines, replacement
 
 import os
 import re
+import time
 import uuid
 
 import pytest
@@ -56,6 +57,18 @@ def test_crashes_hangs_and_errors_become_results(ev):
   assert r.status == "correct"
 
 
+def test_an_idle_worker_is_told_so(ev):
+  """worker_main calls the handler's `idle` (the GPU worker: release cached memory) when no job follows a result
+  within IDLE_AFTER_S; a worker that waited between two batches has been idle at least once."""
+  (a,) = ev.evaluate([("vec_add", marked("ok", "idle-a"))])
+  time.sleep(0.3)
+  (b,) = ev.evaluate([("vec_add", marked("ok", "idle-b"))])
+  if a.details["worker_pid"] == b.details["worker_pid"]:
+    assert b.details["worker_idles"] > a.details["worker_idles"]
+  else:  # Recycled in between: the fresh worker had not yet run a job.
+    assert b.details["worker_idles"] == 0
+
+
 def test_memory_watchdog_kills_the_worker(ev):
   (r,) = ev.evaluate([("vec_add", marked("alloc=1200"))])
   assert r.status == "runtime_error" and r.flags == ["worker_crash"]
@@ -84,14 +97,14 @@ def test_out_of_gpu_memory_is_retried_on_a_fresh_worker_then_an_evaluator_error(
 
 
 def test_a_task_over_the_memory_budget_is_skipped_as_a_whole(ev):
-  """vec_add: inputs 32 MiB, output 16 MiB -> one evaluation needs 6*32 + 4*16 + 32 = 288 MiB
+  """vec_add: inputs 32 MiB, output 16 MiB -> one evaluation needs 6*32 + 2*16 + 32 = 256 MiB
   (kernels/footprint.py); with task_memory_fraction 0.8 it fits 400 MiB free (320) but not 300 MiB (240)."""
   salt = uuid.uuid4().hex
   small, large = ev.evaluate([("vec_add", marked("free=300", salt)), ("vec_add", marked("free=400", salt))])
   assert small.status == "runtime_error" and small.score == 0.0
   assert small.flags == ["task_too_large", "evaluator_error"]
   assert "too large for this GPU" in small.error and "not scored" in small.error
-  assert small.details["evaluation_bytes"] == 288 * 2**20 and small.details["task_memory_fraction"] == 0.8
+  assert small.details["evaluation_bytes"] == 256 * 2**20 and small.details["task_memory_fraction"] == 0.8
   assert large.status == "correct", large.error
 
 

@@ -115,8 +115,8 @@ def test_healthy_task_is_ok_with_its_footprint(report):
   r = report["healthy"]
   assert r.verdict == "ok" and r.reasons == [] and r.device == "cpu"
   assert (r.input_bytes, r.output_bytes, r.param_bytes) == (64 * 8 * 4, 64 * 8 * 4, (64 + 8) * 4)
-  # 3 P + (2 S + 2) I + 4 O + max(I, O) with S = 2.
-  assert r.evaluation_bytes == 3 * 288 + 6 * 2048 + 4 * 2048 + 2048
+  # 3 P + max(3 I + 3 O + W, 2 I + 5 O, 3 S I + 2 O + W) with S = 2, W = max(I, O): the timing phase.
+  assert r.evaluation_bytes == 3 * 288 + 6 * 2048 + 2 * 2048 + 2048
   assert r.stats[0]["zeros"] < 0.01 and r.stats[0]["varying"] > 0.9
 
 
@@ -160,11 +160,37 @@ def test_memory_budget():
           "params": {"w": {"shape": [10], "dtype": "float16"}}}
   b = footprint.task_bytes(info)
   assert (b.inputs, b.outputs, b.params) == (4 << 20, 4 << 20, 20)
-  need = 3 * 20 + 6 * (4 << 20) + 4 * (4 << 20) + (4 << 20)
+  need = 3 * 20 + 6 * (4 << 20) + 2 * (4 << 20) + (4 << 20)  # The timing phase (footprint.py).
   assert footprint.evaluation_bytes(info) == need
+  many_outputs = dict(info, outputs=[{"shape": [4096, 1024], "dtype": "float32"}])  # O = 4 I: the comparison phase.
+  assert footprint.evaluation_bytes(many_outputs) == 3 * 20 + 2 * (4 << 20) + 5 * (16 << 20)
+  no_timing_heavy = dict(info, inputs=[])  # I = 0: the reference phase, 3 O + W.
+  assert footprint.evaluation_bytes(no_timing_heavy) == 3 * 20 + 5 * (4 << 20)
   assert hygiene.memory_budget_ok(info, free_bytes=need, fraction=1.0)
   assert not hygiene.memory_budget_ok(info, free_bytes=need, fraction=0.8)
   assert hygiene.memory_budget_ok(info, free_bytes=0, fraction=0.0)  # No budget.
   r = footprint.too_large_result("t", info, free_bytes=need, fraction=0.5)
   assert r["flags"] == ["task_too_large", "evaluator_error"] and "too large" in r["error"]
   assert footprint.too_large_result("t", info, free_bytes=2 * need, fraction=0.5) is None
+
+
+def test_checks_on_a_device_give_the_cpu_verdicts(specs, report):
+  """The checks on a second device (emulated on the CPU: mixing it with CPU tensors raises as CUDA does) agree
+  with the CPU run, task by task: no check builds a CPU tensor that meets the device's outputs."""
+  from emulated_device import on_emulated_device  # pylint: disable=g-import-not-at-top
+  with on_emulated_device() as dev:
+    on_dev = {r.task_id: r for r in hygiene.hygiene_report(list(specs.values()), str(dev),
+                                                           max_bytes=hygiene.CPU_MAX_BYTES)}
+  for tid, r in report.items():
+    got = on_dev[tid]
+    assert (got.verdict, got.reasons) == (r.verdict, r.reasons), (tid, got.reasons)
+    assert got.device == (str(dev) if r.device else ""), tid
+
+
+def test_gpu_limit_counts_what_the_allocator_caches(monkeypatch):
+  """Half of free + cached-but-unused memory: earlier tasks' freed tensors stay in torch's cache, not lost."""
+  monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (22 << 30, 80 << 30))
+  monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 56 << 30)
+  monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 2 << 30)
+  assert hygiene.default_max_bytes("cuda") == 38 << 30
+  assert hygiene.default_max_bytes("cpu") == hygiene.CPU_MAX_BYTES

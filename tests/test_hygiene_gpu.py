@@ -1,6 +1,6 @@
 """GPU checks of task hygiene and the per-task memory budget (`python -m pytest -q -m gpu tests/test_hygiene_gpu.py`).
 
-The memory budget through the real GPU worker: vec_add (288 MiB per evaluation, kernels/footprint.py) is skipped as a
+The memory budget through the real GPU worker: vec_add (256 MiB per evaluation, kernels/footprint.py) is skipped as a
 task-level result under a budget it cannot meet and evaluated normally under the default one; the hygiene checks on
 the GPU give the same verdicts as on the CPU. Budget: about 1 minute on one H100.
 """
@@ -29,7 +29,7 @@ def test_task_over_the_memory_budget_is_skipped_then_evaluated_under_the_default
     assert r.status == expect, r.error
     if expect == "runtime_error":
       assert r.flags == ["task_too_large", "evaluator_error"] and r.score == 0.0
-      assert r.details["evaluation_bytes"] == 288 * 2**20 and r.details["free_bytes"] > 0
+      assert r.details["evaluation_bytes"] == 256 * 2**20 and r.details["free_bytes"] > 0
 
 
 def test_hygiene_on_the_gpu(tmp_path):

@@ -5,9 +5,11 @@ each correct one is judged 'correct', each wrong one is not.
   KERNELBENCH_DIR=DIR python -m pytest -q -m gpu tests/test_kernelbench_reference.py      # GPU: real shapes
 
 DIR is a KernelBench checkout's KernelBench/ folder; without it the checkout-bound tests skip (nothing is fetched)
-and only the parse check runs. Tasks: elementwise (19), reduction (47), softmax (23), GEMM (1), conv (50), pooling
-(42, 44), norm (40), argmax (51) and a fused level-2 chain (level2/12). The GPU test runs them at KernelBench's
-sizes (inputs up to 8 GiB: run it alone on the GPU); it also times torch.compile as the second reference.
+and only the parse check and the NVRTC compile of every candidate run. Tasks: elementwise (19, and the tanh-GELU
+chain 88), reduction (47), softmax (23), GEMM (1), conv (50), pooling (42, 44), norm (40), argmax (51) and a fused
+level-2 chain (level2/12). The GPU test runs them at KernelBench's sizes (inputs up to 8 GiB: run it alone on the
+GPU); it also times torch.compile as the second reference. A task over the evaluator's memory budget on the GPU at
+hand is a named task-level skip, not a verdict; at least 10 tasks must be judged.
 """
 
 import os
@@ -24,7 +26,8 @@ needs_kb = pytest.mark.skipif(not KB, reason="set KERNELBENCH_DIR to a KernelBen
 # Reduced sizes (module constants) for the CPU emulator; level1/50's 224 x 224 image is fixed in its get_inputs.
 SMALL = {
     "level1/19_ReLU": dict(batch_size=7, dim=131),
-    "level1/47_Sum_reduction_over_a_dimension": dict(batch_size=3, dim1=33, dim2=45),
+    # The full reduction length (4,096 terms), where a sequential fp32 sum drifts past atol on zero-mean inputs.
+    "level1/47_Sum_reduction_over_a_dimension": dict(batch_size=1),
     "level1/23_Softmax": dict(batch_size=5, dim=1037),
     "level1/1_Square_matrix_multiplication_": dict(N=67),
     "level1/50_conv_standard_2D__square_input__square_kernel": dict(batch_size=1),
@@ -32,6 +35,7 @@ SMALL = {
     "level1/44_Average_Pooling_1D": dict(batch_size=2, in_channels=3, input_length=131),
     "level1/40_LayerNorm": dict(batch_size=2, features=4, dim1=8, dim2=9),
     "level1/51_Argmax_over_a_dimension": dict(batch_size=3, dim1=33, dim2=45),
+    "level1/88_MinGPTNewGelu": dict(batch_size=5, dim=1031),
     "level2/12_Gemm_Multiply_LeakyReLU": dict(batch_size=7, in_features=45, out_features=67),
 }
 
@@ -47,6 +51,15 @@ def test_ten_tasks_of_different_kinds_each_with_a_correct_and_a_wrong_candidate(
     for kind in ("correct", "wrong"):
       cand = parse_candidate(read(tid, kind))
       assert cand.kernels, (tid, kind)
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_every_candidate_compiles_with_nvrtc(task_id):
+  """The real compiler on the CPU (the emulator does not compile): what NVRTC rejects is caught without a GPU."""
+  from kevin_jax.kernels import compile as C  # pylint: disable=g-import-not-at-top
+  for kind in ("correct", "wrong"):
+    r = C.compile_cuda(parse_candidate(read(task_id, kind)).cuda_source, "sm_90", cache_dir="")
+    assert r.ok, (task_id, kind, r.log)
 
 
 @needs_kb
@@ -75,10 +88,10 @@ def test_gpu_verdicts_at_kernelbench_sizes(tmp_path):
     print(f"{tid:58s} {kind:8s} {r.status:14s} speedup={r.speedup or 0:.3g}x "
           f"vs_compile={r.details.get('speedup_compile', '-')} | {r.error[:100]}")
     rows.append((tid, kind, r))
+  too_large = sorted({tid for tid, _, r in rows if "task_too_large" in r.flags})
+  if too_large:
+    print("skipped as too large for this GPU (task-level, not a verdict):", ", ".join(too_large))
   wrong_verdicts = [(tid, kind, r.status, r.error[:200]) for tid, kind, r in rows
-                    if (r.status == "correct") != (kind == "correct")]
+                    if tid not in too_large and (r.status == "correct") != (kind == "correct")]
   assert not wrong_verdicts
-  for tid, kind, r in rows:
-    if kind == "correct":
-      sc = r.details.get("speedup_compile")
-      assert sc == "n/a" or (isinstance(sc, float) and sc > 0), (tid, sc)
+  assert len(TASK_IDS) - len(too_large) >= 10, f"only {len(TASK_IDS) - len(too_large)} tasks judged"

@@ -98,6 +98,47 @@ def test_seal_in_chunks_is_the_same_involution(monkeypatch):
   assert torch.equal(y, x)
 
 
+@pytest.mark.parametrize("dtype,n,offset", [(torch.float32, 1030, 0), (torch.float16, 1001, 0),
+                                            (torch.uint8, 7, 0), (torch.uint8, 403, 1)])
+def test_sealed_copy_is_clone_then_seal_and_leaves_no_stream(monkeypatch, dtype, n, offset):
+  """sealed_copy (one pass) holds the same bytes as a clone sealed in place, across stream chunks and a byte tail,
+  also from a source without a word view; `seal` undoes it; its stream buffers end zero-filled; the source is
+  untouched."""
+  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 64)
+  base = (torch.arange(n + offset) * 37 % 251).to(dtype)
+  x = base[offset:]
+  expect = x.clone()
+  B.seal(expect, 11)
+  made, real_empty, real_randint = [], torch.empty, torch.randint
+  monkeypatch.setattr(torch, "randint", lambda *a, **k: made.append(real_randint(*a, **k)) or made[-1])
+  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
+  y = B.sealed_copy(x, 11)
+  monkeypatch.undo()
+  assert torch.equal(B.bytes_of(y), B.bytes_of(expect)) and y.is_contiguous()
+  assert all(int(t.count_nonzero()) == 0 for t in made if t.data_ptr() != y.data_ptr())
+  assert torch.equal(x, (torch.arange(n + offset) * 37 % 251).to(dtype)[offset:])
+  B.seal(y, 11)
+  assert torch.equal(B.bytes_of(y), B.bytes_of(x))
+
+
+def test_changed_is_a_byte_comparison_per_pair():
+  """One flag per pair: any changed byte (also a NaN payload or -0.0 vs 0.0, which compare equal as floats), a shape
+  or dtype difference; equal bytes (NaNs included) are unchanged; odd byte counts compare as bytes."""
+  x = torch.tensor([1.0, float("nan"), 0.0, 3.0])
+  same = x.clone()
+  neg_zero = x.clone()
+  neg_zero[2] = -0.0
+  payload = x.clone()
+  B.bytes_of(payload)[4] ^= 1  # Another NaN.
+  odd = torch.arange(7, dtype=torch.uint8)
+  odd2 = odd.clone()
+  odd2[6] = 9
+  flags = B.changed([(x, same), (x, neg_zero), (x, payload), (x, x[:3]), (x, x.double()), (odd, odd.clone()),
+                     (odd, odd2), (torch.empty(0), torch.empty(0))])
+  assert flags == [False, True, True, True, True, False, True, False]
+  assert B.changed([]) == []
+
+
 def test_seal_all_gives_every_tensor_its_own_stream():
   """Two outputs sealed with one stream would leak a ^ b (a known output unseals the other); seal_all does not."""
   a, b = torch.randn(4096), torch.randn(4096)
@@ -197,3 +238,22 @@ def test_trial_distributions():
   assert I.trial_distributions(3, ("task", "normal"), ("task",)) == ["task"] * 3
   assert I.trial_distributions(4, ("task", "normal", "heavy"), None, unsafe=("normal",)) == ["task", "heavy",
                                                                                              "task", "heavy"]
+
+
+@pytest.mark.gpu
+def test_sealed_copy_and_changed_on_the_gpu(monkeypatch):
+  """On CUDA tensors (several stream chunks and a byte tail): sealed_copy == clone + seal, seal undoes it, and
+  changed() sees one flipped byte in 2^22 words."""
+  if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU")
+  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 2**20)
+  x = torch.randn(2**22 + 3, device="cuda").to(torch.float16)  # 8 MiB + 6 bytes: 2 chunks and a 2-byte tail.
+  expect = x.clone()
+  B.seal(expect, 77)
+  y = B.sealed_copy(x, 77)
+  assert torch.equal(B.bytes_of(y), B.bytes_of(expect))
+  B.seal(y, 77)
+  assert torch.equal(B.bytes_of(y), B.bytes_of(x))
+  z = x.clone()
+  B.bytes_of(z)[12345] ^= 0x01
+  assert B.changed([(x, x.clone()), (x, z)]) == [False, True]

@@ -74,6 +74,17 @@ extern "C" __global__ void k(float* y, std::int64_t n, uint8_t b) {
   assert r.ok, r.log
 
 
+def test_c_infinity_and_nan_need_no_header():
+  """Kernels written for nvcc use math.h's INFINITY / NAN without an include (cuda_runtime.h brings it)."""
+  src = ('extern "C" __global__ void k(float* y) {\n'
+         '  float m = -INFINITY; y[0] = fmaxf(m, y[0]); y[1] = isnan(y[1]) ? NAN : y[1];\n}\n')
+  r = C.compile_cuda(src, cache_dir="")
+  assert r.ok, r.log
+  assert cubin.read_cubin(r.cubin).undefined == ()
+  both = C.compile_cuda("#include <cmath>\n#include <math.h>\n" + src, cache_dir="")  # Same guards: no redefinition.
+  assert both.ok and "redefin" not in both.log, both.log
+
+
 def test_cache_memory_and_disk(tmp_path):
   src = ADD + "\n// cache test\n"
   a = C.compile_cuda(src, cache_dir=str(tmp_path))

@@ -23,50 +23,36 @@ def test_aggregation_grid_commands(tmp_path):
   assert "--config.rollout.trajectories=16" in budgets["turns4"]  # 16 x 4 = 64 x 1 kernels.
 
 
-# Parses each argv given as JSON in argv[1] with kevin_jax.main's flag parser, each in a child forked after the one
-# import of kevin_jax.main (absl's flags are process-global and a parse defines the overrides as flags): prints one
-# JSON line per command, [argv, exit code, config summary or error].
-_PARSE_EACH = """
-import json, os, sys
-from absl import flags
-from kevin_jax import main
-for argv in json.loads(sys.argv[1]):
-  r, w = os.pipe()
-  pid = os.fork()
-  if pid == 0:
-    os.close(r)
-    sys.argv = argv
-    try:
-      main._parse_flags(argv)
-      c = flags.FLAGS.config
-      out, code = [c.rl.gamma, c.rl.return_mode, c.rollout.turns, c.rollout.trajectories], 0
-    except BaseException as e:
-      out, code = repr(e)[-500:], 1
-    os.write(w, json.dumps(out).encode())
-    os._exit(code)
-  os.close(w)
-  with os.fdopen(r) as f:
-    got = f.read()
-  _, status = os.waitpid(pid, 0)
-  print(json.dumps([argv, os.waitstatus_to_exitcode(status), json.loads(got) if got else None]))
-"""
-
-
 def test_every_sweep_command_parses_as_a_config(tmp_path):
-  """Each command's config + overrides is accepted by the real flag parser (no typo'd fields); a misspelt field is
-  not (the check can fail)."""
-  argvs = [argv[2:] for name in sweep.SWEEPS for _, argv in sweep.commands(name, str(tmp_path), [])]
-  typo = ["kevin_jax.main", "--config=configs/multiturn.py", "--config.rl.gamam=0.8"]
-  r = subprocess.run([sys.executable, "-c", _PARSE_EACH, json.dumps(argvs + [typo])], cwd=ROOT, capture_output=True,
-                     text=True, timeout=300)
+  """Each command's config + overrides is accepted by the real flag parser (no typo'd fields); one process parses
+  them all, one after another."""
+  argvs, want = [], []
+  for name in sweep.SWEEPS:
+    checkpoint = "runs/x/hf" if name in sweep.NEEDS_CHECKPOINT else ""
+    for run, argv in sweep.commands(name, str(tmp_path), [], checkpoint=checkpoint):
+      argvs.append(argv[2:])
+      want.append((name, run))
+  # kevin_jax.main's two flags, defined afresh per command: ml_collections reads the overrides off sys.argv when
+  # the config flag is defined.
+  code = ("import json, sys; from absl import flags; from ml_collections import config_flags\n"
+          "for argv in json.loads(sys.argv[1]):\n"
+          "  sys.argv = argv; fv = flags.FlagValues()\n"
+          "  config_flags.DEFINE_config_file('config', None, '', flag_values=fv, lock_config=True)\n"
+          "  flags.DEFINE_string('workdir', None, '', flag_values=fv)\n"
+          "  fv(argv); c = fv.config\n"
+          "  print(c.mode, c.tasks.source, c.rl.gamma, c.rl.return_mode, c.rollout.turns, c.rollout.trajectories, "
+          "c.total_steps, c.evaluation.split, len(c.evaluation.budgets))")
+  r = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], cwd=ROOT, capture_output=True, text=True,
+                     timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
-  results = [json.loads(line) for line in r.stdout.splitlines()]
-  assert [a for a, _, _ in results] == argvs + [typo]
-  for argv, code, got in results[:-1]:
-    assert code == 0, (argv, got)
-    gamma = [a.split("=")[1] for a in argv if a.startswith("--config.rl.gamma=")]
-    assert got[0] == (float(gamma[0]) if gamma else 0.4), argv
-  assert results[-1][1] != 0 and "gamam" in results[-1][2]
+  got = dict(zip(want, r.stdout.splitlines()))
+  assert len(got) == len(argvs)
+  assert got[("aggregation", "max_g0.8")].split()[:4] == ["train", "bundled", "0.8", "max"]
+  assert got[("world_gamma", "max_g0.8")].split()[1:7] == ["generated", "0.8", "max", "4", "16", "16"]
+  assert got[("world_mode", "single_64x1")].split()[1:7] == ["generated", "0.4", "sum", "1", "64", "16"]
+  assert got[("world", "s1")].split()[:2] == ["train", "generated"]
+  assert got[("table2", "heldout_styles")].split()[:2] == ["evaluate", "generated"]
+  assert got[("table2", "heldout_styles")].split()[-2:] == ["heldout_styles", "3"]  # 16 x 8, 32 x 4, 128 x 1.
 
 
 def test_collect_table(tmp_path):

@@ -113,17 +113,27 @@ class BufferSet:
   def pointers(self) -> dict[str, int]:
     return {n: g.ptr for n, g in self.buffers.items()}
 
-  def guard_violations(self) -> list[tuple[str, str, int]]:
-    """(buffer, 'before'|'after', changed bytes) for every guard that no longer matches (one sync)."""
+  def guard_counts(self) -> tuple[list[Guarded], torch.Tensor | None]:
+    """The changed bytes of every guard, counted on the device (queued on the stream; no sync)."""
     items = list(self.buffers.values())
     if not items:
-      return []
+      return items, None
     counts = []
     for g in items:
       head, tail = self.expect[g.name]
       counts.append((g.head != head).sum())
       counts.append((g.tail != tail).sum())
-    host = torch.stack(counts).cpu().tolist()
+    return items, torch.stack(counts)
+
+  def guard_violations(self, counted=None) -> list[tuple[str, str, int]]:
+    """(buffer, 'before'|'after', changed bytes) for every guard that no longer matches (one sync).
+
+    `counted`: a `guard_counts()` queued earlier (e.g. right after a launch, before waiting for it); else now.
+    """
+    items, counts = counted if counted is not None else self.guard_counts()
+    if counts is None:
+      return []
+    host = counts.cpu().tolist()
     out = []
     for k, g in enumerate(items):
       if host[2 * k]:
@@ -167,14 +177,57 @@ def seal(t: torch.Tensor, seed: int) -> None:
     stream.zero_()
 
 
+def sealed_copy(t: torch.Tensor, seed: int) -> torch.Tensor:
+  """A new contiguous tensor holding `seal(t.clone(), seed)`, written in one pass (`seal` on it undoes it)."""
+  out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+  if t.numel() == 0:
+    return out
+  src = t.contiguous()
+  b, d = bytes_of(src), bytes_of(out)
+  if b.storage_offset() % 4:  # No word view of the source: copy, then seal (the same stream either way).
+    out.copy_(src)
+    seal(out, seed)
+    return out
+  gen = torch.Generator(device=t.device)
+  gen.manual_seed(seed)
+  n4 = d.numel() // 4
+  if n4:
+    src_w, dst_w = b[:4 * n4].view(torch.int32), d[:4 * n4].view(torch.int32)
+    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=t.device)
+    for start in range(0, n4, stream.numel()):
+      part = src_w[start:start + stream.numel()]
+      chunk = stream[:part.numel()]
+      chunk.random_(-2**31, 2**31, generator=gen)
+      torch.bitwise_xor(part, chunk, out=dst_w[start:start + part.numel()])
+    stream.zero_()
+  if d.numel() > 4 * n4:
+    stream = torch.randint(0, 256, (d.numel() - 4 * n4,), dtype=torch.uint8, device=t.device, generator=gen)
+    torch.bitwise_xor(b[4 * n4:], stream, out=d[4 * n4:])
+    stream.zero_()
+  return out
+
+
 def seal_all(tensors, seed: int) -> None:
   """`seal` for each tensor with its own stream (seed + j), so no two sealed tensors share a stream."""
   for j, t in enumerate(tensors):
     seal(t, seed + j)
 
 
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-  return a.shape == b.shape and torch.equal(bytes_of(a.contiguous()), bytes_of(b.contiguous()))
+def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+  """Whether two same-shape tensors differ in any byte (a 0-d bool on their device): 32-bit words where both align."""
+  x, y = bytes_of(a.contiguous()), bytes_of(b.contiguous())
+  if x.numel() % 4 == 0 and x.storage_offset() % 4 == 0 and y.storage_offset() % 4 == 0:
+    x, y = x.view(torch.int32), y.view(torch.int32)
+  return (x != y).any()
+
+
+def changed(pairs) -> list[bool]:
+  """For every (a, b) pair: whether their shapes, dtypes or bytes differ; one synchronisation for all pairs."""
+  pairs = list(pairs)
+  flags = [None if a.shape != b.shape or a.dtype != b.dtype else _differ(a, b) for a, b in pairs]
+  found = [f for f in flags if f is not None]
+  host = iter(torch.stack(found).cpu().tolist() if found else [])
+  return [True if f is None else bool(next(host)) for f in flags]
 
 
 def tolerance_for(dtype: torch.dtype, atol: float, rtol: float, half_atol: float, half_rtol: float,

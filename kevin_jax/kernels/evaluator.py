@@ -68,6 +68,7 @@ class EvaluatorConfig:
   timing_graphs: str = "auto"
   graph_threshold_ms: float = 0.05
   ref_timing: str = "interleaved"
+  profile_phases: bool = False  # details.breakdown.gpu_ms: CUDA events around each phase (kernels/phases.py).
   flush_bytes: int = 0
   cache_dir: str = ""
   arch: str = ""
@@ -122,7 +123,7 @@ class EvaluatorConfig:
             "half_atol", "half_rtol", "excessive_speedup", "kernel_timeout_s", "timing_input_sets",
             "timed_inputs", "task_memory_fraction",
             "input_distributions", "validate_fraction", "timing_graphs", "graph_threshold_ms", "flush_bytes", "seed",
-            "max_local_memory_bytes", "max_static_device_bytes", "compile_baseline")
+            "max_local_memory_bytes", "max_static_device_bytes", "compile_baseline", "profile_phases")
     return {k: getattr(self, k) for k in keys}
 
 

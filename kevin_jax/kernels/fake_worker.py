@@ -19,14 +19,20 @@ import tempfile
 import time
 
 from kevin_jax.kernels import footprint
+from kevin_jax.kernels.phases import PhaseClock
 
 
 class FakeHandler:
   def __init__(self, settings: dict):
     self.settings = settings
     self.count = 0
+    self.idles = 0  # Times worker_main found no job waiting after a result.
     self.describe = {"device_name": "fake", "arch": settings.get("fake_arch", "sm_90"), "limits": {},
                      "torch": "fake", "pid": os.getpid()}
+
+  def idle(self) -> None:
+    """Called by worker_main when no job follows a result soon (the GPU worker releases cached memory)."""
+    self.idles += 1
 
   def run(self, payload: dict, report) -> dict:
     self.count += 1
@@ -66,6 +72,7 @@ class FakeHandler:
     report("timing")
     res = {"status": "correct", "error": "", "flags": [], "details": {"worker_pid": os.getpid(),
                                                                        "worker_count": self.count,
+                                                                       "worker_idles": self.idles,
                                                                        "unsafe_dists": payload.get("unsafe_dists", [])},
            "times": {"correctness": 0.001, "timing": 0.001}, "speedup": 2.0, "ref_time_ms": 1.0,
            "cand_time_ms": 0.5, "fatal": False}
@@ -81,6 +88,12 @@ class FakeHandler:
     if action == "fatal":
       res.update(status="runtime_error", error="illegal memory access (fake)", fatal=True, speedup=None,
                  flags=["illegal_address"])
-    if payload.get("ref_time_ms") is not None:
-      res["details"]["ref_time_ms_given"] = payload["ref_time_ms"]
+    if payload.get("ref_time_ms") is not None:  # ref_timing 'cached': the reference time as the GPU worker reports it.
+      res["details"]["ref_time_ms_given"] = res["ref_time_ms"] = payload["ref_time_ms"]
+      res["details"]["timing"] = {"ref_ms": {"median": payload["ref_time_ms"], "cached": True}}
+    clock = PhaseClock()
+    for phase in ("load", "correctness", "timing"):
+      with clock(phase):
+        pass
+    res["details"]["breakdown"] = clock.summary()
     return res

@@ -3,12 +3,18 @@
 Torch-free, so the evaluator process, the learner's task loading and the workers share one formula.
 
 `evaluation_bytes` is what one evaluation of a candidate holds on the GPU at its peak (worker.py, timing.py), with
-P = parameter and buffer bytes, I = tensor-input bytes, O = output bytes, S = timing_input_sets (>= 2):
+P = parameter and buffer bytes, I = tensor-input bytes, O = output bytes, S = timing_input_sets (>= 2), W = max(I, O)
+(the reference's intermediates, taken as one tensor as large as its inputs or outputs). Always resident: 3 P (the
+reference model, the candidate's guarded copy of its parameters and their pristine snapshot); on top of that, the
+largest of three phases that never overlap (each frees its tensors before the next):
 
-    3 P             the reference model, the candidate's guarded copy of its parameters and their pristine snapshot
-  + (2 S + 2) I     S candidate input sets and S reference copies in timing, a fresh draw, the reference's own copy
-  + 4 O             the candidate's outputs, the reference's outputs, the sealed first-run copy, the uploaded reference
-  + max(I, O)       workspace: the reference's intermediates, taken as one tensor as large as its inputs or outputs
+  correctness, reference   3 I + 3 O + W   candidate buffers (I + O), the trial's draw, the reference's copy of it,
+                                           the reference outputs and their sealed copy
+  correctness, comparison  2 I + 5 O       candidate buffers, the draw, the sealed reference and first-run outputs,
+                                           a mismatch's statistics (two temporaries as large as the output)
+  timing                   3 S I + 2 O + W  S candidate input sets, S rescaled base sets and S reference copies (a
+                                           fresh draw, plus CUDA-graph copies, needs less), candidate outputs, one
+                                           reference output at a time (one stream: freed blocks are reused in order)
 
 A task is skipped as a whole (`task_too_large`, an evaluator-side verdict, never the candidate's) when this exceeds
 `task_memory_fraction` x the GPU's free memory.
@@ -55,7 +61,8 @@ def evaluation_bytes(info, timing_input_sets: int = DEFAULT_TIMING_INPUT_SETS) -
   """Peak GPU bytes of one evaluation (module docstring's formula)."""
   b = task_bytes(info)
   s = max(2, int(timing_input_sets))
-  return 3 * b.params + (2 * s + 2) * b.inputs + 4 * b.outputs + max(b.inputs, b.outputs)
+  i, o, w = b.inputs, b.outputs, max(b.inputs, b.outputs)
+  return 3 * b.params + max(3 * i + 3 * o + w, 2 * i + 5 * o, 3 * s * i + 2 * o + w)
 
 
 def memory_budget_ok(info, free_bytes: int, fraction: float,

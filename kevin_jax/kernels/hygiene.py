@@ -33,7 +33,7 @@ from typing import Sequence
 from kevin_jax.kernels import footprint, tasks
 
 VERDICTS = ("ok", "flagged", "excluded")
-VERSION = 1  # Bump when a check changes: cached records of older versions are ignored.
+VERSION = 2  # Bump when a check changes: cached records of older versions are ignored.
 DEFAULT_DISTRIBUTIONS = ("task", "normal", "uniform", "heavy", "shifted")  # configs/multiturn.py evaluator.
 CPU_MAX_BYTES = 2**29  # 512 MiB: the checks' estimated peak on the CPU (hygiene_bytes).
 MODEL_SEED, OTHER_WEIGHTS_SEED = 0, 4321  # MODEL_SEED as kernels/worker.py.
@@ -195,7 +195,7 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
     rec.input_bytes, rec.output_bytes, rec.param_bytes = m[0].inputs, m[0].outputs, m[0].params
     rec.evaluation_bytes = m[1]
   if max_bytes is None:
-    max_bytes = CPU_MAX_BYTES if device == "cpu" else int(0.5 * torch.cuda.mem_get_info()[0])
+    max_bytes = default_max_bytes(device)
   reduced, why = _fit_batch(module, task_id, max_bytes) if m is not None else ("", "")
   if m is None:  # Shapes unknown without running it: run it only when its inputs alone are small.
     in_bytes = _meta_input_bytes(module)
@@ -301,6 +301,24 @@ def check_module(module, task_id: str, *, device: str = "cpu", atol: float = 1e-
   return rec
 
 
+def default_max_bytes(device: str) -> int:
+  """The checks' memory limit per task: on a CUDA device half of what this process can use there (free memory plus
+  what its allocator caches unused: earlier tasks' freed tensors), elsewhere CPU_MAX_BYTES."""
+  import torch  # pylint: disable=g-import-not-at-top
+  dev = torch.device(device)
+  if dev.type != "cuda":
+    return CPU_MAX_BYTES
+  usable = torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+  return int(0.5 * usable)
+
+
+def _release(device: str) -> None:
+  """Returns a task's cached GPU memory to the driver, so the next task (and other processes) can use it."""
+  import torch  # pylint: disable=g-import-not-at-top
+  if torch.device(device).type == "cuda":
+    torch.cuda.empty_cache()
+
+
 def _short(e: BaseException) -> str:
   lines = str(e).strip().splitlines()
   return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
@@ -320,6 +338,8 @@ def check_task(spec: tasks.TaskSpec, **kw) -> TaskHygiene:
   except Exception as e:  # pylint: disable=broad-except
     return TaskHygiene(task_id=spec.id, verdict="excluded", sha256=sha, seconds=time.perf_counter() - t0,
                        reasons=[f"the reference fails: {_short(e)}"])
+  finally:
+    _release(kw.get("device", "cpu"))
 
 
 # --- cache and report (no torch) ---------------------------------------------------------------------------------
@@ -420,7 +440,7 @@ def main(argv=None) -> int:
   p.add_argument("--rtol", type=float, default=1e-4)
   p.add_argument("--distributions", default=",".join(DEFAULT_DISTRIBUTIONS))
   p.add_argument("--max-gb", type=float, default=0.0,
-                 help="memory the checks may use per task, GiB (0 = 0.5 on the CPU, half the free GPU memory)")
+                 help="memory the checks may use per task, GiB (0 = 0.5 on the CPU, half the usable GPU memory)")
   p.add_argument("--cache-dir", default="", help="record cache ('' = none)")
   p.add_argument("--out", default="", help="write hygiene.md and hygiene.csv here")
   p.add_argument("--json", default="", help="write the records to this JSON file")

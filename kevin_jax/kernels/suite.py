@@ -275,7 +275,8 @@ _CHUNK = 1 << 24
 def close_fraction(a, b, atol: float, rtol: float) -> float:
   """Fraction of elements with |a - b| <= atol + rtol * |b| (allclose semantics, b = the reference), chunked."""
   import torch  # pylint: disable=g-import-not-at-top
-  a, b = a.reshape(-1), b.reshape(-1)
+  # On b's device: a one-element CPU tensor (a constant candidate) is not a CPU scalar once reshaped to 1-D.
+  a, b = a.to(b.device).reshape(-1), b.reshape(-1)
   if not b.is_floating_point():
     return float((a == b).sum().item()) / max(1, b.numel())
   hits = 0
@@ -319,7 +320,7 @@ def degeneracy_stats(y, *, atol: float, rtol: float, y_other_inputs=None, y_othe
   import torch  # pylint: disable=g-import-not-at-top
   flat = y.reshape(-1)
   gen = torch.Generator().manual_seed(0)
-  idx = torch.randint(0, flat.numel(), (min(sample, flat.numel()),), generator=gen)
+  idx = torch.randint(0, flat.numel(), (min(sample, flat.numel()),), generator=gen).to(y.device)
   s = flat[idx]
   consts = [float(gpu_constant)]
   if fixed_constant is not None:

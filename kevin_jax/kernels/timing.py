@@ -159,7 +159,7 @@ def _clone(x):
 
 
 def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bool, deadline_s: float) -> dict:
-  w, stream = su.w, su.w.stream
+  w, stream, clock = su.w, su.w.stream, su.w.clock
   total = warmup + n_runs
   frac = float(w.s["validate_fraction"])
   max_s, min_runs = float(w.s["timing_max_s"]), int(w.s["timing_min_runs"])
@@ -177,28 +177,38 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
                               and time.monotonic() - timed_since >= max_s)
     validate[i] = validate[i] or last
     k = i % su.n_sets
-    ref_args = su.set_inputs(k)
-    before = su.integrity(k) if validate[i] else None
-    su.bufs.fill(su.fill, B.POISON_NAN)
-    su.bufs.fill(su.zeros, 0)
-    c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    w.flush.zero_()
-    c0.record(stream)
-    su.run_candidate(k, stream.cuda_stream)
-    c1.record(stream)
+    with clock("timing/draw"):
+      ref_args = su.set_inputs(k)
     if validate[i]:
-      integrity.append((i, (su.integrity(k) != before).sum()))
+      with clock("timing/integrity"):
+        before = su.integrity(k)
+    with clock("timing/fill"):
+      su.bufs.fill(su.fill, B.POISON_NAN)
+      su.bufs.fill(su.zeros, 0)
+    c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with clock("timing/flush"):
+      w.flush.zero_()
+    with clock("timing/candidate"):
+      c0.record(stream)
+      su.run_candidate(k, stream.cuda_stream)
+      c1.record(stream)
+    if validate[i]:
+      with clock("timing/integrity"):
+        integrity.append((i, (su.integrity(k) != before).sum()))
     if time_ref or validate[i]:
       r0, r1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-      w.flush.zero_()
-      r0.record(stream)
-      ref_out = su.run_reference(k, ref_args)
-      r1.record(stream)
-      if validate[i]:
-        bad = [count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
-        checks.append((i, torch.stack(bad).sum()))
-      if validate[i] or not su.fresh:  # Unchecked fresh draws: the next run's inputs are independent of these.
-        _scrub(ref_out, su.param_ptrs)
+      with clock("timing/flush"):
+        w.flush.zero_()
+      with clock("timing/reference"):
+        r0.record(stream)
+        ref_out = su.run_reference(k, ref_args)
+        r1.record(stream)
+      with clock("timing/validate"):
+        if validate[i]:
+          bad = [count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
+          checks.append((i, torch.stack(bad).sum()))
+        if validate[i] or not su.fresh:  # Unchecked fresh draws: the next run's inputs are independent of these.
+          _scrub(ref_out, su.param_ptrs)
       del ref_out
       if i >= warmup and time_ref:
         ref_ev.append((r0, r1))
@@ -206,28 +216,32 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
     done = torch.cuda.Event()
     done.record(stream)
     if in_flight is not None:
-      w.wait_for(in_flight[0], deadline_s, in_flight[1])
+      with clock("timing/wait"):
+        w.wait_for(in_flight[0], deadline_s, in_flight[1])
     in_flight = (f"timed run {i + 1}", done)
     if i >= warmup:
       cand_ev.append((c0, c1))
     if last:
       break
-  w.wait_for(in_flight[0], deadline_s, in_flight[1])
-  out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
-         "validated": len(checks), "bad_run": None, "mutated_run": None, "budget_stop": len(cand_ev) < n_runs,
-         "guard": None}
-  out["guard"] = next(iter(su.bufs.guard_violations()), None)
-  changed = [n for n, p in su.bufs.param_snapshot.items() if not B.same_bytes(su.bufs[n].tensor, p)]
-  if changed:
-    out["mutated_run"] = "a timed run"
-  for name, found in (("bad_run", checks), ("mutated_run", integrity)):
-    if found and out[name] is None:
-      counts = torch.stack([c for _, c in found]).cpu().tolist()
-      for (i, _), n in zip(found, counts):
-        if n:
-          out[name] = f"timed run {i + 1}"
-          out["bad_count"] = int(n)
-          break
+  with clock("timing/wait"):
+    w.wait_for(in_flight[0], deadline_s, in_flight[1])
+  with clock("timing/events"):
+    out = {"cand_ms": [a.elapsed_time(b) for a, b in cand_ev], "ref_ms": [a.elapsed_time(b) for a, b in ref_ev],
+           "validated": len(checks), "bad_run": None, "mutated_run": None, "budget_stop": len(cand_ev) < n_runs,
+           "guard": None}
+  with clock("timing/pass_checks"):
+    out["guard"] = next(iter(su.bufs.guard_violations()), None)
+    snap = su.bufs.param_snapshot
+    if any(B.changed((su.bufs[n].tensor, p) for n, p in snap.items())):
+      out["mutated_run"] = "a timed run"
+    for name, found in (("bad_run", checks), ("mutated_run", integrity)):
+      if found and out[name] is None:
+        counts = torch.stack([c for _, c in found]).cpu().tolist()
+        for (i, _), n in zip(found, counts):
+          if n:
+            out[name] = f"timed run {i + 1}"
+            out["bad_count"] = int(n)
+            break
   return out
 
 
@@ -249,22 +263,25 @@ def _per_launch_ms(su: _Setup, deadline_s: float) -> list:
 
 def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict) -> None:
   """Times candidate vs reference; sets res status/speedup/timings (or incorrect if a timed output is wrong)."""
-  s = w.s
-  su = _Setup(w, state, bound, mod, bufs)
+  s, clock = w.s, w.clock
+  with clock("timing/setup"):
+    su = _Setup(w, state, bound, mod, bufs)
   cached_ref = job.get("ref_time_ms")
   time_ref = cached_ref is None
   mode = s["timing_graphs"]
   method = "events"
   if mode == "always" or (mode == "auto" and state.ref_ms_rough < float(s["graph_threshold_ms"])):
     try:
-      su.capture()
+      with clock("timing/capture"):
+        su.capture()
       method = "cuda_graphs"
       res["flags"].append("cuda_graphs")
     except Exception as e:  # pylint: disable=broad-except
       su.cand_graphs = su.ref_graphs = None
       res["details"]["graph_capture_error"] = f"{type(e).__name__}: {str(e)[:300]}"
       torch.cuda.synchronize()  # Raises (-> fatal) if the failed capture broke the context.
-  p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
+  with clock("timing/pass"):
+    p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
   info = {"method": method, "input_sets": su.n_sets, "inputs": "fresh" if su.fresh else "rescaled",
           "draw_ms": round(float(state.draw_ms), 3),
           "flush_bytes": w.flush.numel(), "validated": p["validated"], "budget_stop": p["budget_stop"]}
@@ -303,11 +320,13 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
   if ok and res["speedup"] > float(s["excessive_speedup"]):
     res["flags"].append("excessive_speedup")
     info["first_pass"] = {"cand_ms": info["cand_ms"], "ref_ms": info["ref_ms"]}
-    p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), True, time_ref, deadline_s)
+    with clock("timing/pass"):
+      p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), True, time_ref, deadline_s)
     info["validated"], info["budget_stop"] = p["validated"], p["budget_stop"]
     ok = conclude(p, True)
   if ok:
     res["status"] = "correct"
     if len(bound.launches) > 1:  # Eager launches, also when the timing used graphs.
-      res["details"]["kernel_ms"] = _per_launch_ms(su, deadline_s)
+      with clock("timing/per_launch"):
+        res["details"]["kernel_ms"] = _per_launch_ms(su, deadline_s)
   res["details"]["timing"] = info

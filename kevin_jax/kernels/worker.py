@@ -8,11 +8,11 @@ against the live shapes and the real device limits and the cubin against the sig
 load the cubin as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
-               first on its own copies; its outputs are kept on the GPU sealed (XOR with a secret stream) and the
-               unsealed copies are scrubbed. The candidate then runs twice on guarded buffers (fresh canaries per
-               run; poison 0xFF, then 0x5A), with a sync, a canary check after every launch, and an input/parameter
-               byte check after every run; the first run's outputs are sealed (XOR with a secret stream) while the
-               second runs. Both runs are compared with the reference (unsealed only now; closeness.py).
+               first on its own copies; its outputs are kept on the GPU sealed (XOR with a secret stream; in
+               place where the evaluator owns them). The candidate then runs twice on guarded buffers (fresh
+               canaries per run; poison 0xFF, then 0x5A), with a sync, a canary check after every launch, and an
+               input/parameter byte check after every run; the first run's outputs are kept as a sealed copy while
+               the second runs. Both runs are compared with the reference (unsealed only now; closeness.py).
   timing       see timing.py.
 
 Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
@@ -37,6 +37,7 @@ from kevin_jax.kernels import closeness, footprint, static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
 from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
+from kevin_jax.kernels.phases import PhaseClock
 from kevin_jax.kernels.plan import BoundPlan, Limits
 from kevin_jax.kernels.runner import CandidateError, KernelModule, classify, wait
 from kevin_jax.kernels.taskinfo import TaskError, TaskInfo, as_reference, describe_live, task_options
@@ -128,6 +129,8 @@ class GpuWorker:
     self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
     closeness.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
+    self.last_task = None  # (task id, path) of the evaluation before: the allocator cache holds its sizes.
+    self.clock = PhaseClock()  # The evaluation in progress's phase times (details.breakdown); new per run.
     import cupy  # pylint: disable=g-import-not-at-top
     self.describe = {
         "device_name": props.name, "arch": f"sm_{props.major}{props.minor}", "sm_count": props.multi_processor_count,
@@ -195,23 +198,32 @@ class GpuWorker:
     times = res["times"]
     t0 = time.perf_counter()
     state = None
+    self.clock = clock = PhaseClock(self.stream, self.s.get("profile_phases", False))
+    allocs = _allocator_counts(self.device)
     try:
       report("load")
+      if self.last_task not in (None, (job["task_id"], job["task_path"])):
+        with clock("release_cache"):  # Another task's sizes: its cached blocks would only fragment the pool.
+          torch.cuda.empty_cache()
+      self.last_task = (job["task_id"], job["task_path"])
       too_large = self._over_budget(job)
       if too_large is not None:
         res.update(too_large)
         return res
-      state = self.task(job["task_id"], job["task_path"])
+      with clock("load"):
+        state = self.task(job["task_id"], job["task_path"])
       times["load"] = time.perf_counter() - t0
       self.budget_end = time.monotonic() + float(job["budget_s"])  # The task load is not the candidate's time.
       report("validate")
       set_precision(state.info.options["allow_tf32"])
       try:
-        cand, bound = static.validate(job["text"], state.info, self.limits)
+        with clock("validate"):
+          cand, bound = static.validate(job["text"], state.info, self.limits)
       except FormatError as e:
         return _final(res, "format_error", str(e))
-      problem = static.check_cubin(read_cubin(job["cubin"]), cand.kernels, bound, self.limits,
-                                   self.s["max_static_device_bytes"], self.s["max_local_memory_bytes"])
+      with clock("validate"):
+        problem = static.check_cubin(read_cubin(job["cubin"]), cand.kernels, bound, self.limits,
+                                     self.s["max_static_device_bytes"], self.s["max_local_memory_bytes"])
       if problem:
         res["flags"] += problem[2]
         return _final(res, problem[0], problem[1])
@@ -242,9 +254,18 @@ class GpuWorker:
       res["fatal"] = True  # Unknown state: start a fresh worker.
     finally:
       if not res["fatal"]:
-        self._after(state, res)
+        with clock("after"):
+          self._after(state, res)
     times["gpu_total"] = time.perf_counter() - t0
+    if state is not None:  # The breakdown of an evaluation whose task loaded.
+      clock.extra.update(_allocator_delta(allocs, self.device))
+      res["details"]["breakdown"] = clock.summary()
     return res
+
+  def idle(self) -> None:
+    """No job is waiting (worker_main): the allocator's cached memory goes back to the GPU."""
+    torch.cuda.empty_cache()
+    self.last_task = None
 
   def _over_budget(self, job: dict) -> dict | None:
     """The task-level skip when one evaluation would not fit task_memory_fraction x the free GPU memory.
@@ -279,7 +300,11 @@ class GpuWorker:
       raise
 
   def _after(self, state: TaskState | None, res: dict) -> None:
-    """Checks the reference weights, frees memory; a failure here makes the worker restart."""
+    """Checks the reference weights; a failure here makes the worker restart.
+
+    The allocator's cache is kept for the next evaluation of the same task (its buffers and draws have the same
+    sizes; cudaMalloc and cudaFree are slow, and cudaFree synchronises); `idle` and a change of task release it.
+    """
     try:
       torch.cuda.synchronize()
       now = self.hasher([p for _, p in state.model.named_parameters()], state.param_key) if state else None
@@ -287,18 +312,18 @@ class GpuWorker:
         res["flags"].append("reference_corrupted")
         _final(res, "runtime_error", "a kernel wrote into memory it does not own (the reference model's weights)")
         res["fatal"] = True  # The worker restarts; its cached reference models go with it.
-      torch.cuda.empty_cache()
     except Exception as e:  # pylint: disable=broad-except
       res["fatal"] = True
       res["details"]["cleanup_error"] = f"{type(e).__name__}: {e}"
 
   def _evaluate(self, job, state: TaskState, bound: BoundPlan, res: dict, report) -> None:
-    s, times = self.s, res["times"]
+    s, times, clock = self.s, res["times"], self.clock
     t = time.perf_counter()
     report("prepare")
     names = sorted({l.kernel for l in bound.launches})
     try:
-      mod = KernelModule(job["cubin"], names)
+      with clock("prepare/module"):
+        mod = KernelModule(job["cubin"], names)
     except Exception as e:  # pylint: disable=broad-except
       res["flags"].append("evaluator_error")
       _final(res, "runtime_error", f"evaluator error: could not load the cubin: {e}")
@@ -327,14 +352,16 @@ class GpuWorker:
       mod.allow_dynamic_smem(bl.kernel, bl.smem)
     gen = torch.Generator(device=self.device)
     gen.manual_seed(self.secret.getrandbits(62))
-    bufs = self._buffers(state, bound, gen)
+    with clock("prepare/buffers"):
+      bufs = self._buffers(state, bound, gen)
     ref_ms = state.ref_ms_rough
     deadline_s = max(float(s["kernel_timeout_s"]), 100 * ref_ms / 1e3)
     times["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
     report("correctness")
-    ok = self._correctness(state, bound, mod, bufs, deadline_s, job, res, report)
+    with clock("correctness"):
+      ok = self._correctness(state, bound, mod, bufs, deadline_s, job, res, report)
     times["correctness"] = time.perf_counter() - t
     if not ok:
       return
@@ -343,12 +370,14 @@ class GpuWorker:
       return
     t = time.perf_counter()
     report("timing")
-    timing.measure(self, state, bound, mod, bufs, deadline_s, job, res)
+    with clock("timing"):
+      timing.measure(self, state, bound, mod, bufs, deadline_s, job, res)
     times["timing"] = time.perf_counter() - t
     if s.get("compile_baseline") and res.get("status") == "correct":  # compile_baseline.py, after the verdict;
       from kevin_jax.kernels import compile_baseline  # pylint: disable=g-import-not-at-top
       report("load:compile_baseline")  # the evaluator's own work: the task-load limit, outside the budget.
-      compile_baseline.attach(self, state, res)
+      with clock("compile_baseline"):
+        compile_baseline.attach(self, state, res)
 
   def _buffers(self, state: TaskState, bound: BoundPlan, gen) -> B.BufferSet:
     bufs = B.BufferSet(self.device, gen)
@@ -371,8 +400,9 @@ class GpuWorker:
     """Runs the reference on copies; returns (its outputs sealed on the GPU, all finite, seal seed).
 
     The kept outputs are sealed (buffers.seal_all: XOR with a secret stream per output): wherever a kernel can
-    address a copy (GPU memory, or pinned host memory under UVA), the seal is what protects it. The unsealed
-    outputs are zero-filled before any candidate launch (stream order).
+    address a copy (GPU memory, or pinned host memory under UVA), the seal is what protects it. An output the
+    evaluator owns outright (contiguous, not a parameter or buffer of the model) is sealed in place, so no unsealed
+    copy exists; any other is sealed as a copy (stream order: before any candidate launch).
     """
     ref_in = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     with torch.no_grad():
@@ -384,12 +414,10 @@ class GpuWorker:
     checks = [torch.isfinite(o).all() for o in outs if o.is_floating_point()]
     finite = bool(torch.stack(checks).all().item()) if checks else True
     seal_seed = self.secret.getrandbits(62)
-    sealed = [o.clone(memory_format=torch.contiguous_format) for o in outs]
-    B.seal_all(sealed, seal_seed)
     param_ptrs = {p.untyped_storage().data_ptr() for p in state.params.values()}
-    for o in outs:
-      if o.untyped_storage().data_ptr() not in param_ptrs and o.is_contiguous():
-        B.bytes_of(o).fill_(0)
+    sealed = [o if o.is_contiguous() and o.untyped_storage().data_ptr() not in param_ptrs
+              else o.clone(memory_format=torch.contiguous_format) for o in outs]
+    B.seal_all(sealed, seal_seed)
     del outs, ref_in
     return sealed, finite, seal_seed
 
@@ -404,42 +432,53 @@ class GpuWorker:
     zeros = [name for name, _, _, zero in bound.scratch if zero]
     tensor_inputs = [n for n, i in zip(info.input_names, info.inputs) if i["kind"] == "tensor"]
     used_dists = []
+    clock = self.clock
     for trial, dist in enumerate(dists, 1):
       seed = self.secret.getrandbits(62)
       report(f"reference:{dist}")
       try:
-        inputs = I.draw(state.module, dist, seed, self.device)
-        ref, finite, ref_seed = self.reference(state, inputs)
+        with clock("correctness/draw"):
+          inputs = I.draw(state.module, dist, seed, self.device)
+        with clock("correctness/reference"):
+          ref, finite, ref_seed = self.reference(state, inputs)
       except TaskError:
         raise
       except Exception as e:  # pylint: disable=broad-except
         raise ReferenceFailed(dist, e) from e
       if not finite and dist != "task":
         dist = f"task (fallback from {dist})"
-        inputs = I.draw(state.module, "task", seed, self.device)
-        ref, finite, ref_seed = self.reference(state, inputs)
+        with clock("correctness/reference"):
+          inputs = I.draw(state.module, "task", seed, self.device)
+          ref, finite, ref_seed = self.reference(state, inputs)
       used_dists.append(dist)
       report("candidate")
       pristine = {}
-      for name, x in zip(info.input_names, inputs):
-        if isinstance(x, torch.Tensor):
-          bufs[name].tensor.copy_(x)
-          pristine[name] = x
+      with clock("correctness/copy_inputs"):
+        for name, x in zip(info.input_names, inputs):
+          if isinstance(x, torch.Tensor):
+            bufs[name].tensor.copy_(x)
+            pristine[name] = x
       seal_seed = self.secret.getrandbits(62)
       kept = None
       for run, poison in ((1, B.POISON_NAN), (2, B.POISON_FINITE)):
-        bufs.rearm()
-        bufs.fill(fill, poison)
-        bufs.fill(zeros, 0)
+        with clock("correctness/fill"):
+          bufs.rearm()
+          bufs.fill(fill, poison)
+          bufs.fill(zeros, 0)
         for k, bl in enumerate(bound.launches, 1):
           where = f"launch {k} ({bl.kernel})"
           try:
-            mod.launch(bl, ptrs, self.stream.cuda_stream)
+            with clock("correctness/launch"):
+              mod.launch(bl, ptrs, self.stream.cuda_stream)
           except Exception as e:  # pylint: disable=broad-except
             kind, msg = classify(e, at_launch=True)
             raise CandidateError(kind, f"{where}: {msg} [{str(e)[:160]}]", fatal=not _context_ok()) from e
-          self.wait_for(where, deadline_s)
-          bad = bufs.guard_violations()
+          with clock("correctness/guards"):
+            counted = bufs.guard_counts()  # Queued behind the launch: the wait below covers it.
+          with clock("correctness/wait"):
+            self.wait_for(where, deadline_s)
+          with clock("correctness/guards"):
+            bad = bufs.guard_violations(counted)
           if bad:
             name, side, nbytes = bad[0]
             shown = "out" if name == "out0" and len(outs) == 1 else name
@@ -447,23 +486,33 @@ class GpuWorker:
             _final(res, "runtime_error", f"{where} wrote outside buffer '{shown}' ({nbytes} guard bytes "
                                          f"{'before its start' if side == 'before' else 'after its end'} changed)")
             return False
-        changed = [n for n in tensor_inputs if not B.same_bytes(bufs[n].tensor, pristine[n])]
-        changed += [n for n, p in bufs.param_snapshot.items() if not B.same_bytes(bufs[n].tensor, p)]
+        with clock("correctness/input_check"):
+          names = tensor_inputs + list(bufs.param_snapshot)
+          originals = [pristine[n] for n in tensor_inputs] + list(bufs.param_snapshot.values())
+          flags = B.changed((bufs[n].tensor, p) for n, p in zip(names, originals))
+          changed = [n for n, f in zip(names, flags) if f]
         if changed:
           res["flags"].append("input_mutation")
           _final(res, "runtime_error", f"the kernels modified the input '{changed[0]}'; inputs and parameters "
                                        f"are read-only (use a scratch buffer)")
           return False
         if run == 1:
-          kept = [bufs[o].tensor.clone() for o in outs]
-          B.seal_all(kept, seal_seed)
-      B.seal_all(kept, seal_seed)  # Unseal: the candidate is done with this trial.
-      B.seal_all(ref, ref_seed)
+          with clock("correctness/keep"):
+            kept = [B.sealed_copy(bufs[o].tensor, seal_seed + j) for j, o in enumerate(outs)]
+      with clock("correctness/unseal"):
+        B.seal_all(kept, seal_seed)  # Unseal: the candidate is done with this trial.
+        B.seal_all(ref, ref_seed)
+      tols = [B.tolerance_for(r.dtype, s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
+                              info.options.get("atol"), info.options.get("rtol")) for r in ref]
+      with clock("correctness/compare"):  # Both runs of every output counted on the device, one sync.
+        counts = torch.stack([closeness.count_bad(x, ref[j], *tols[j]) for j, o in enumerate(outs)
+                              for x in (kept[j], bufs[o].tensor)]).cpu().tolist()
       for j, o in enumerate(outs):
-        atol, rtol = B.tolerance_for(ref[j].dtype, s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
-                                     info.options.get("atol"), info.options.get("rtol"))
-        m1 = B.compare(kept[j], ref[j], atol, rtol)
-        m2 = B.compare(bufs[o].tensor, ref[j], atol, rtol)
+        atol, rtol = tols[j]
+        m1 = m2 = None
+        if counts[2 * j] or counts[2 * j + 1]:  # The statistics of a mismatch (buffers.compare).
+          m1 = B.compare(kept[j], ref[j], atol, rtol)
+          m2 = B.compare(bufs[o].tensor, ref[j], atol, rtol)
         if m1 or m2:
           m = dict(m2 or m1)
           shown = "out" if len(outs) == 1 else o
@@ -493,6 +542,22 @@ class GpuWorker:
 def _final(res: dict, status: str, error: str = "") -> dict:
   res["status"], res["error"] = status, error
   return res
+
+
+def _allocator_counts(device: torch.device) -> tuple[int, int] | None:
+  """(cudaMalloc, cudaFree) calls of this process's caching allocator so far; None off CUDA."""
+  if device.type != "cuda":
+    return None
+  stats = torch.cuda.memory_stats(device)
+  return int(stats.get("segment.all.allocated", 0)), int(stats.get("segment.all.freed", 0))
+
+
+def _allocator_delta(before: tuple[int, int] | None, device: torch.device) -> dict:
+  """The evaluation's cudaMalloc / cudaFree calls (details.breakdown: allocator traffic is host time too)."""
+  now = _allocator_counts(device) if before is not None else None
+  if now is None:
+    return {}
+  return {"cuda_malloc": now[0] - before[0], "cuda_free": now[1] - before[1]}
 
 
 def _context_ok() -> bool:

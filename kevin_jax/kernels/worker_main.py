@@ -19,6 +19,8 @@ import traceback
 import warnings
 from multiprocessing.connection import Connection
 
+IDLE_AFTER_S = 0.05  # No next job within this long after a result: the handler's `idle` (GPU: release cached memory).
+
 
 def _limit_resources(as_bytes: int) -> None:
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # No core dumps from crashing kernels.
@@ -68,6 +70,10 @@ def _make_handler(role: str, settings: dict):
       @staticmethod
       def run(payload, report):
         return w.run(payload, report)
+
+      @staticmethod
+      def idle():
+        w.idle()
 
     return _Gpu()
   if role == "compile":
@@ -121,6 +127,8 @@ def main(argv=None) -> None:
     if result.get("fatal"):
       sys.stderr.flush()
       os._exit(3)  # Sticky CUDA error or a running kernel: skip interpreter teardown.
+    if hasattr(handler, "idle") and not conn.poll(IDLE_AFTER_S):
+      handler.idle()
   if hasattr(handler, "close"):
     handler.close()
   sys.stderr.flush()

@@ -399,6 +399,10 @@ class Learner:
                       advantages_B=sds((batch_size,), jnp.float32),
                       ref_logps_BxT=sds(bt, jnp.float32) if self.cfg.kl_beta > 0 else None)
 
+  def lowered(self, batch_size: int, seq_len: int):
+    """The step lowered for abstract inputs (no allocation, no compile): `.as_text()` is its StableHLO."""
+    return self._step.lower(self.abstract_state, self.abstract_batch(batch_size, seq_len))
+
   def compile(self, batch_size: int, seq_len: int):
     """Lowers and compiles the step for abstract inputs (no allocation): `.memory_analysis()` etc."""
-    return self._step.lower(self.abstract_state, self.abstract_batch(batch_size, seq_len)).compile()
+    return self.lowered(batch_size, seq_len).compile()
