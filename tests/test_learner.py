@@ -73,23 +73,19 @@ def rel_err(a, b) -> float:
 # ---------------------------------------------------------------- log-probs
 
 def test_token_logps_match_full_log_softmax():
-  graphdef, params = nnx.graphdef(Qwen2(TINY, rngs=nnx.Rngs(0))), init_params_host()
+  model = nnx.merge(nnx.graphdef(Qwen2(TINY, rngs=nnx.Rngs(0))), init_params_host())
   batch = make_batch(4, 11)
   tokens, attn = jnp.asarray(batch.tokens_BxT), jnp.asarray(batch.attn_mask_BxT)
   pos = jnp.broadcast_to(jnp.arange(11), (4, 11))
-  # Jitted over the parameters (jax.jit leaves the shared host copy untouched): one program per call, not per op.
-  logits, _ = jax.jit(lambda p: nnx.merge(graphdef, p)(tokens, pos, attn))(params)
+  logits, _ = model(tokens, pos, attn)
   logp_all = jax.nn.log_softmax(logits / TEMP, axis=-1)
   want = np.zeros((4, 11), np.float32)
   want[:, 1:] = np.take_along_axis(np.asarray(logp_all[:, :-1]), np.asarray(tokens)[:, 1:, None], -1)[..., 0]
   p = np.exp(np.asarray(logp_all[:, :-1], np.float64))
   want_ent = np.zeros((4, 11))
   want_ent[:, 1:] = -(p * np.asarray(logp_all[:, :-1], np.float64)).sum(-1)
-  # Jitted as the learner runs it: one program per chunk size.
-  logps = jax.jit(lambda p, chunk: token_logps(nnx.merge(graphdef, p), tokens, attn, chunk=chunk, temperature=TEMP),
-                  static_argnums=1)
   for chunk in (1, 3, 10, 64):  # 10 = exactly the 10 predictions; 3 leaves a padded last chunk.
-    got, ent = logps(params, chunk)
+    got, ent = token_logps(model, tokens, attn, chunk=chunk, temperature=TEMP)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
     np.testing.assert_allclose(ent, want_ent, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
 
