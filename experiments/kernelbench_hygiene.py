@@ -17,21 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kevin_jax.kernels import hygiene, tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-def _commit(source: str) -> str:
-  try:
-    return subprocess.run(["git", "-C", source, "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
+from kevin_jax.report.standard import source_commit  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main(argv=None) -> int:
@@ -43,6 +35,7 @@ def main(argv=None) -> int:
   p.add_argument("--atol", type=float, default=1e-4)
   p.add_argument("--rtol", type=float, default=1e-4)
   p.add_argument("--cache-dir", default="", help="reuse records of unchanged tasks ('' = check every task)")
+  p.add_argument("--source-commit", default="", help="the checkout's commit, when its git history is not at hand")
   p.add_argument("--out", default=os.environ.get("OUT", "runs/kb_hygiene"))
   a = p.parse_args(argv)
   import torch  # pylint: disable=g-import-not-at-top
@@ -55,7 +48,7 @@ def main(argv=None) -> int:
   md, csv_path = hygiene.write_report(recs, a.out)
   with open(os.path.join(a.out, "records.json"), "w", encoding="utf-8") as f:
     json.dump([r.to_dict() for r in recs], f, indent=1)
-  env = {"source": os.path.abspath(a.source), "commit": _commit(a.source), "levels": a.levels, "device": device,
+  env = {"source": os.path.abspath(a.source), "commit": source_commit(a.source, a.source_commit), "levels": a.levels, "device": device,
          "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "", "torch": torch.__version__,
          "date": time.strftime("%Y-%m-%d", time.gmtime()), "seconds": round(time.time() - t0, 1)}
   with open(os.path.join(a.out, "environment.json"), "w", encoding="utf-8") as f:

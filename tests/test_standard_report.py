@@ -2,6 +2,8 @@
 
 import csv
 import math
+import shutil
+import subprocess
 
 import pytest
 
@@ -101,6 +103,31 @@ def test_source_commit_from_git_folder_or_configured(tmp_path):
   assert standard.source_commit(str(kb)) == "423217d0aa"
   (git / "refs" / "heads" / "main").write_text("feedbeef\n")
   assert standard.source_commit(str(kb)) == "feedbeef"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_source_commit_is_the_tracking_repositorys_never_an_enclosing_checkouts(tmp_path):
+  """A KernelBench copy in an ignored folder of another checkout is 'unknown', not that checkout's commit."""
+  def git(*args, cwd):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout.strip()
+  outer = tmp_path / "project"
+  (outer / ".kb" / "KernelBench" / "level1").mkdir(parents=True)
+  (outer / ".kb" / "KernelBench" / "level1" / "1_Task.py").write_text("x = 1\n")
+  (outer / ".gitignore").write_text("/.kb/\n")
+  git("init", "-q", cwd=outer)
+  git("add", ".gitignore", cwd=outer)
+  git("commit", "-qm", "outer", cwd=outer)
+  assert standard.source_commit(str(outer / ".kb" / "KernelBench")) == "unknown"
+  kb = tmp_path / "kbrepo"
+  (kb / "KernelBench" / "level1").mkdir(parents=True)
+  (kb / "KernelBench" / "level1" / "1_Task.py").write_text("x = 1\n")
+  git("init", "-q", cwd=kb)
+  git("add", ".", cwd=kb)
+  git("commit", "-qm", "kb", cwd=kb)
+  head = git("rev-parse", "HEAD", cwd=kb)
+  assert standard.source_commit(str(kb / "KernelBench")) == head
+  assert standard.source_commit(str(kb / "KernelBench" / "level1" / "1_Task.py")) == head
 
 
 def test_task_level_results_are_never_the_policys():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import subprocess
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -208,12 +209,32 @@ def _plot(report: dict, path: str) -> None:
 
 
 def source_commit(source: str, configured: str = "") -> str:
-  """`configured` if given, else the commit checked out in the git repository holding `source` (the folder or its
-  two parents; .git directory, HEAD, loose or packed refs), else 'unknown'."""
+  """`configured` if given; else, where git runs, the commit checked out in the repository that tracks `source`
+  ('unknown' for a copy that no repository tracks, e.g. an ignored folder inside another checkout); else (no git
+  repository by git's account, or no git) the commit in a .git directory of the folder or its two parents (HEAD,
+  loose or packed refs); else 'unknown'."""
   if configured:
     return configured
   here = os.path.abspath(os.path.expanduser(source)) if source else ""
-  for d in (here, os.path.dirname(here), os.path.dirname(os.path.dirname(here))) if here else ():
+  if not here:
+    return "unknown"
+  folder = here if os.path.isdir(here) else os.path.dirname(here)
+  try:
+    tracked = subprocess.run(["git", "-C", folder, "ls-files", "--", here], capture_output=True, text=True,
+                             timeout=30, check=False)
+    if tracked.returncode == 0:
+      if not tracked.stdout.strip():
+        return "unknown"
+      head = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30,
+                            check=False)
+      return head.stdout.strip() if head.returncode == 0 and head.stdout.strip() else "unknown"
+  except (OSError, subprocess.TimeoutExpired):
+    pass
+  return _commit_from_git_dir(here)
+
+
+def _commit_from_git_dir(here: str) -> str:
+  for d in (here, os.path.dirname(here), os.path.dirname(os.path.dirname(here))):
     git = os.path.join(d, ".git")
     head = os.path.join(git, "HEAD")
     if not os.path.isfile(head):
