@@ -63,19 +63,21 @@ def test_prefill_then_decode_equals_full_forward():
   b, t, extra = 2, 7, 4
   tokens = rng.randint(0, 128, (b, t + extra))
   positions = np.broadcast_to(np.arange(t + extra), (b, t + extra))
-  full, _ = model(jnp.asarray(tokens), jnp.asarray(positions))
+  # Jitted as the sampler runs it (the slot a traced int): one program per call shape, not one per op.
+  call = nnx.jit(lambda m, tok, pos, cache, slot, visible: m(tok, pos, None, cache, slot, visible))
+  full, _ = call(model, jnp.asarray(tokens), jnp.asarray(positions), None, 0, None)
   # Slots are storage: prefill into slots [3, 3 + t), leave a gap, decode into the last slots.
   length = t + extra + 6
   cache = KVCache.zeros(cfg, b, length, jnp.float32)
-  pre, cache = model(jnp.asarray(tokens[:, :t]), jnp.asarray(positions[:, :t]), None, cache, 3)
+  pre, cache = call(model, jnp.asarray(tokens[:, :t]), jnp.asarray(positions[:, :t]), cache, 3, None)
   np.testing.assert_allclose(np.asarray(pre), np.asarray(full[:, :t]), rtol=1e-5, atol=1e-5)
   visible = np.zeros((b, length), bool)
   visible[:, 3:3 + t] = True
   for j, s in enumerate(range(t, t + extra)):
     slot = length - extra + j
     visible[:, slot] = True
-    step, cache = model(jnp.asarray(tokens[:, s:s + 1]), jnp.asarray(positions[:, s:s + 1]), None, cache, slot,
-                        jnp.asarray(visible))
+    step, cache = call(model, jnp.asarray(tokens[:, s:s + 1]), jnp.asarray(positions[:, s:s + 1]), cache,
+                       jnp.asarray(slot, jnp.int32), jnp.asarray(visible))
     np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, s]), rtol=1e-5, atol=1e-5)
 
 
@@ -91,7 +93,7 @@ def test_remat_same_values_and_grads(remat):
   grads = []
   for cfg in (base, base.replace(remat=remat)):
     model = Qwen2(cfg, rngs=nnx.Rngs(5))
-    grads.append(nnx.grad(loss)(model))
+    grads.append(nnx.jit(nnx.grad(loss))(model))  # One compiled program per config, as training runs it.
   for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
@@ -108,7 +110,7 @@ def test_causality_via_gradients():
       h = layer(h, positions, None, None)[0]
     return jnp.sum(model.final_norm(h)[0, i])
 
-  g = jax.grad(out_at)(emb, 3)
+  g = jax.jit(jax.grad(out_at), static_argnums=1)(emb, 3)
   assert np.all(np.asarray(g[0, 4:]) == 0) and np.all(np.abs(np.asarray(g[0, :4])).sum(-1) > 0)
 
 

@@ -5,12 +5,21 @@
 in a subprocess on one CPU device (tests/conftest.py's fake-device XLA_FLAGS removed) with a temporary --workdir:
 the warm start, 2 RL steps, the evaluations before and after, the Hugging Face export, at a peak resident memory
 under 4 GiB (the runlocal preset's promise, configs/multiturn.py).
+
+Marked slow (pytest.ini deselects it; `python -m pytest -q -m slow tests/test_runlocal.py` runs it): lighter tests
+assert what it does. tests/test_kernelbench_runlocal.py runs the same job through the CLI on one CPU device (warm
+start, RL, closing evaluation) under 4 GiB at this preset's warm-start sizes, the job's memory peak (its preset
+starts from this one); tests/test_world_runlocal.py the CLI job's evaluations before and after RL;
+tests/test_train_loop.py checks 2 RL steps, their checkpoints, the evaluations at steps 0
+and 2 and the export; tests/test_sft.py the warm start's steps, eval loss and export.
 """
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
@@ -35,6 +44,7 @@ def _user_env() -> dict[str, str]:
   return env
 
 
+@pytest.mark.slow
 def test_runlocal_cpu_smoke_run_end_to_end(tmp_path):
   wd, peak_file = tmp_path / "run", tmp_path / "peak"
   r = subprocess.run([sys.executable, "-c", _PEAK, str(peak_file), sys.executable, *COMMAND, f"--workdir={wd}"],
