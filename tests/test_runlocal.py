@@ -9,8 +9,7 @@ under 4 GiB (the runlocal preset's promise, configs/multiturn.py).
 Marked slow (pytest.ini deselects it; `python -m pytest -q -m slow tests/test_runlocal.py` runs it): lighter tests
 assert what it does. tests/test_kernelbench_runlocal.py runs the same job through the CLI on one CPU device (warm
 start, RL, closing evaluation) under 4 GiB at this preset's warm-start sizes, the job's memory peak (its preset
-starts from this one); tests/test_world_runlocal.py the CLI job's evaluations before and after RL;
-tests/test_train_loop.py checks 2 RL steps, their checkpoints, the evaluations at steps 0
+starts from this one); tests/test_train_loop.py checks 2 RL steps, their checkpoints, the evaluations at steps 0
 and 2 and the export; tests/test_sft.py the warm start's steps, eval loss and export.
 """
 
