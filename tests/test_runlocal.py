@@ -6,11 +6,11 @@ in a subprocess on one CPU device (tests/conftest.py's fake-device XLA_FLAGS rem
 the warm start, 2 RL steps, the evaluations before and after, the Hugging Face export, at a peak resident memory
 under 4 GiB (the runlocal preset's promise, configs/multiturn.py).
 
-Marked slow (pytest.ini deselects it; `python -m pytest -q -m slow tests/test_runlocal.py` runs it): lighter tests
-assert what it does. tests/test_kernelbench_runlocal.py runs the same job through the CLI on one CPU device (warm
-start, RL, closing evaluation) under 4 GiB at this preset's warm-start sizes, the job's memory peak (its preset
-starts from this one); tests/test_train_loop.py checks 2 RL steps, their checkpoints, the evaluations at steps 0
-and 2 and the export; tests/test_sft.py the warm start's steps, eval loss and export.
+Marked slow (deselected by pytest.ini; `python -m pytest -q -m slow tests/test_runlocal.py` runs it): what it asserts is
+asserted by lighter tests of the default run: the same job through the CLI on one CPU device, warm start -> RL ->
+closing evaluation and report, under 4 GiB at this preset's warm-start sizes, the job's memory peak
+(tests/test_kernelbench_runlocal.py, whose preset starts from this one); 2 RL steps with checkpoints, evaluations at steps 0 and 2 and the export
+(tests/test_train_loop.py); the warm start's steps, eval loss and export (tests/test_sft.py).
 """
 
 import json
