@@ -5,20 +5,12 @@
 in a subprocess on one CPU device (tests/conftest.py's fake-device XLA_FLAGS removed) with a temporary --workdir:
 the warm start, 2 RL steps, the evaluations before and after, the Hugging Face export, at a peak resident memory
 under 4 GiB (the runlocal preset's promise, configs/multiturn.py).
-
-Marked slow (deselected by pytest.ini; `python -m pytest -q -m slow tests/test_runlocal.py` runs it): what it asserts is
-asserted by lighter tests of the default run: the same job through the CLI on one CPU device, warm start -> RL ->
-closing evaluation and report, under 4 GiB at this preset's warm-start sizes, the job's memory peak
-(tests/test_kernelbench_runlocal.py, whose preset starts from this one); 2 RL steps with checkpoints, evaluations at steps 0 and 2 and the export
-(tests/test_train_loop.py); the warm start's steps, eval loss and export (tests/test_sft.py).
 """
 
 import json
 import os
 import subprocess
 import sys
-
-import pytest
 
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
@@ -43,7 +35,6 @@ def _user_env() -> dict[str, str]:
   return env
 
 
-@pytest.mark.slow
 def test_runlocal_cpu_smoke_run_end_to_end(tmp_path):
   wd, peak_file = tmp_path / "run", tmp_path / "peak"
   r = subprocess.run([sys.executable, "-c", _PEAK, str(peak_file), sys.executable, *COMMAND, f"--workdir={wd}"],
