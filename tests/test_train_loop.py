@@ -37,6 +37,10 @@ def _config(total_steps=2, kl_beta=0.0):
   c.evaluator.backend = "scripted"
   c.total_steps = total_steps
   c.rl.micro_batch_size = 1  # 2 updates x 1 row x 4 data-parallel devices = 8 rows per batch.
+  # Steps large enough that 2 RL steps change what the policy samples (at the job's 1e-5 and clip 0.05 the tiny
+  # policy's evaluated tokens can stay the same, and the phase test could not tell the start from the export).
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.max_grad_norm = 1.0
   c.sampler.max_new_tokens = 16
   c.logging.tensorboard = False
   c.mesh.axes = (("fsdp", -1), ("tensor", 2))  # 4 x 2 over the 8 fake devices: FSDP and tensor parallel.
@@ -256,7 +260,12 @@ def test_total_steps_zero_evaluates_the_start_and_an_export_in_phases(base, resu
   train.run(c, str(tmp_path / "after"))
   exported = _lines(tmp_path / "after" / "eval_metrics.jsonl")
   assert [r["step"] for r in exported] == [0]
-  assert before["train/kernel/score_mean"] != after["train/kernel/score_mean"]  # The two steps changed something.
+  def responses(d, step):
+    return [r["response"] for r in _lines(d / "eval_rollouts" / f"step_{step:06d}_train.jsonl")]
+  # The two steps changed what the policy writes (a score mean of 8 hashed scripted rewards can coincide; texts not).
+  assert responses(wd, before["step"]) != responses(wd, after["step"])
+  assert responses(tmp_path / "start", 0) == responses(wd, before["step"])
+  assert responses(tmp_path / "after", 0) == responses(wd, after["step"])
   _assert_same_evaluation(before, start[0])
   _assert_same_evaluation(after, exported[0])
   with pytest.raises(ValueError, match="total_steps must be >= 0"):
