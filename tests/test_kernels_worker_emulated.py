@@ -703,3 +703,34 @@ def test_reference_outputs_that_alias_each_other_a_buffer_or_a_transpose(emu, mo
 
   res = emu({"four": stale}, cuda=CUDA_ALIASED, plan=PLAN_ALIASED, source=ALIASED_OUTPUTS, timing_runs=3)
   assert res["status"] == "incorrect" and res["details"]["mismatch"]["output"] == "out2", res["error"]
+
+
+@pytest.mark.parametrize("mode", ["fresh", "rescaled"])
+def test_a_timed_run_that_rewrites_the_references_inputs_is_caught(emu, monkeypatch, mode):
+  """A kernel that finds the reference's copy of its inputs in GPU memory (a timed run computes the reference after
+  the candidate) and zeroes it, then writes the output of zero inputs without reading its own: the validated
+  comparison alone would pass, so the reference's inputs are hashed after the candidate like the candidate's."""
+  seen = []
+  real = timing._Setup.set_inputs
+
+  def set_inputs(self, k):
+    args = real(self, k)
+    seen.append(args)
+    return args
+
+  monkeypatch.setattr(timing._Setup, "set_inputs", set_inputs)
+  calls = []
+
+  def cheat(x, y, out, n):
+    calls.append(1)
+    if len(calls) <= TRIAL_CALLS:
+      _add(x, y, out, n)
+      return
+    for t in seen[-1]:
+      t.zero_()
+    out.tensor.zero_()
+
+  res = emu({"add": cheat}, timed_inputs=mode)
+  assert res["status"] == "runtime_error" and res["flags"] == ["input_mutation"], res
+  assert "timed run" in res["error"]
+  assert emu({"add": _add}, timed_inputs=mode)["status"] == "correct"

@@ -12,10 +12,12 @@ Per iteration (warm-up iterations first, untimed):
   4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
   5. on a secret random subset of iterations (always the first and the last timed one, the first warm-up one,
      and all of them when re-checking an excessive speedup): the candidate's outputs are compared on the GPU with
-     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed; on other
-     iterations they are scrubbed only with rescaled inputs, since a fresh draw shares nothing with them), and keyed
-     hashes (integrity.py) of the candidate's input and parameter buffers taken before and after its launches
-     must agree;
+     the reference outputs of the same inputs, computed after the candidate finished (scrubbed afterwards with
+     rescaled inputs only, validated or not: a fresh draw shares nothing with the next run's inputs), and keyed
+     hashes (integrity.py) of the candidate's input and parameter buffers taken before its launches must equal
+     those taken after them, and so must the hashes of the reference's own input tensors taken after them (they
+     hold the same bytes; a kernel that rewrote the reference's inputs in GPU memory, e.g. to zeros, and wrote the
+     output of those, would otherwise pass the comparison);
   6. a polled wait with a deadline (a hang becomes a timeout; the evaluation's budget applies too) for the
      iteration before: the host queues iteration i+1 while the GPU runs iteration i, so host-side preparation
      (draw calls, launches, events) overlaps the GPU. Everything still runs in order on the worker's one stream:
@@ -116,9 +118,18 @@ class _Setup:
         r.copy_(b)
     return self.ref_in[k]
 
-  def integrity(self, k: int) -> torch.Tensor:
-    """Keyed hashes of the candidate's input set k and its parameter buffers (one device tensor)."""
-    return self.w.hasher(self.cand_in[k] + self.params, self.key)
+  def integrity(self, k: int, ref_args: list | None = None) -> torch.Tensor:
+    """Keyed hashes of the candidate's input set k and its parameter buffers (one device tensor).
+
+    With `ref_args` (after the candidate), also the reference's tensor arguments, hashed against the candidate's
+    inputs: `expected` gives the hashes they must have (equal bytes, module docstring 5.).
+    """
+    ref = [x for x in ref_args if isinstance(x, torch.Tensor)] if ref_args is not None else []
+    return self.w.hasher(self.cand_in[k] + self.params + ref, self.key)
+
+  def expected(self, before: torch.Tensor) -> torch.Tensor:
+    """The after-candidate hashes `integrity(k, ref_args)` must equal, given `integrity(k)` before the launches."""
+    return torch.cat([before, before[:len(self.names)]])
 
   def run_candidate(self, k: int, stream_ptr: int) -> None:
     if self.cand_graphs is not None:
@@ -194,7 +205,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
       c1.record(stream)
     if validate[i]:
       with clock("timing/integrity"):
-        integrity.append((i, (su.integrity(k) != before).sum()))
+        integrity.append((i, (su.integrity(k, ref_args) != su.expected(before)).sum()))
     if time_ref or validate[i]:
       r0, r1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
       with clock("timing/flush"):
@@ -207,7 +218,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
         if validate[i]:
           bad = [count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
           checks.append((i, torch.stack(bad).sum()))
-        if validate[i] or not su.fresh:  # Unchecked fresh draws: the next run's inputs are independent of these.
+        if not su.fresh:  # A fresh draw shares nothing with the next run's inputs (module docstring, 5.).
           _scrub(ref_out, su.param_ptrs)
       del ref_out
       if i >= warmup and time_ref:
