@@ -231,6 +231,36 @@ def test_integer_inputs_and_structured_inputs_are_preserved(tmp_path):
   assert not torch.equal(x, I.draw(mod, "task", 5, CPU)[0])
 
 
+def _source_module(tmp_path, name, inputs):
+  f = tmp_path / f"{name}.py"
+  f.write_text("import torch\nclass Model(torch.nn.Module):\n  def forward(self, *a):\n    return a[0]\n"
+               f"def get_inputs():\n  return {inputs}\n"
+               "def get_init_inputs():\n  return []\n")
+  return tasks.load_module(tasks.TaskSpec(id=name, path=str(f), level=0))
+
+
+@pytest.mark.parametrize("inputs, plan", [
+    ("[torch.randn(64, 33)]", ("randn",)),
+    ("[torch.rand(16, 8), torch.randn(8, 5), 3]", ("rand", "randn")),
+    ("[torch.randn(40, dtype=torch.float16)]", ("randn",)),
+    ("[torch.randn(100) * 2]", None),  # Not the factory's bytes.
+    ("[torch.randn(100).half()]", None),  # Drawn in fp32, then rounded.
+    ("[torch.randn(100), torch.randint(0, 5, (10,))]", None),
+    ("[torch.ones(100)]", None),
+    ("[torch.randn(1)[:0], torch.randn(100)]", None)])  # The generator moved between the returned tensors.
+def test_redraw_plan_writes_the_task_draw_in_place_bit_for_bit(tmp_path, inputs, plan):
+  mod = _source_module(tmp_path, "t", inputs)
+  assert I.redraw_plan(mod, CPU) == plan
+  if plan is None:
+    return
+  want = [x for x in I.draw(mod, "task", 12345, CPU) if isinstance(x, torch.Tensor)]
+  outs = [torch.full_like(x, float("nan")) for x in want]
+  I.redraw(plan, 12345, outs)
+  assert all(torch.equal(B.bytes_of(a), B.bytes_of(b)) for a, b in zip(outs, want))
+  I.redraw(plan, 12346, outs)
+  assert not torch.equal(outs[0], want[0])
+
+
 def test_trial_distributions():
   assert I.trial_distributions(5, ("task", "normal", "uniform"), None) == ["task", "normal", "uniform", "task",
                                                                           "normal"]

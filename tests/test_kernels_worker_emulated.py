@@ -713,8 +713,8 @@ def test_a_timed_run_that_rewrites_the_references_inputs_is_caught(emu, monkeypa
   seen = []
   real = timing._Setup.set_inputs
 
-  def set_inputs(self, k):
-    args = real(self, k)
+  def set_inputs(self, k, validated=True):
+    args = real(self, k, validated)
     seen.append(args)
     return args
 
@@ -734,3 +734,32 @@ def test_a_timed_run_that_rewrites_the_references_inputs_is_caught(emu, monkeypa
   assert res["status"] == "runtime_error" and res["flags"] == ["input_mutation"], res
   assert "timed run" in res["error"]
   assert emu({"add": _add}, timed_inputs=mode)["status"] == "correct"
+
+
+def test_unvalidated_timed_runs_redraw_the_same_inputs_in_place(emu, monkeypatch):
+  """A task of plain torch.randn inputs gets its fresh timed inputs written in place on unvalidated runs: the
+  candidate's buffers hold exactly the reference's draw in every timed run (and the rewritten-input check passes)."""
+  seen, redraws = [], []
+  real_set, real_redraw = timing._Setup.set_inputs, timing.I.redraw
+
+  def set_inputs(self, k, validated=True):
+    args = real_set(self, k, validated)
+    seen.append(args)
+    return args
+
+  monkeypatch.setattr(timing._Setup, "set_inputs", set_inputs)
+  calls, differ = [], []
+  # Timed runs' redraws only (the task load checks its plan with redraws too).
+  monkeypatch.setattr(timing.I, "redraw", lambda *a: (redraws.append(len(calls) >= TRIAL_CALLS), real_redraw(*a)))
+
+  def checking(x, y, out, n):
+    calls.append(1)
+    if len(calls) > TRIAL_CALLS:
+      differ.append(not (torch.equal(x.tensor, seen[-1][0]) and torch.equal(y.tensor, seen[-1][1])))
+    _add(x, y, out, n)
+
+  res = emu({"add": checking}, timed_inputs="fresh")
+  t = res["details"]["timing"]
+  assert res["status"] == "correct" and t["redraw"] == ["randn", "randn"], res
+  assert len(differ) == 23 and not any(differ)
+  assert sum(redraws) == 23 - t["validated"] > 0  # Validated runs copy the draw.

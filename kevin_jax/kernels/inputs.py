@@ -11,6 +11,10 @@ floating-point tensors of a fresh `get_inputs()` draw (integer/bool tensors and 
   shifted  N(1, 2^2)
   shrunk   the task's own draw times U(0, 1] elementwise (keeps signs, zeros and any interval containing 0)
 
+A redraw (`redraw_plan`, `redraw`) writes a task draw straight into existing buffers, for tasks whose get_inputs()
+returns tensors made by torch.randn / torch.rand alone, in order: the same factories on the same seed give the same
+bytes (checked bit for bit per task on two seeds), so the timed runs' fresh inputs cost a write instead of a copy.
+
 A tensor whose task draw has >= 1% exact zeros is treated as structured (e.g. triangular): it gets `shrunk`
 instead of a replacement, so its zero pattern survives. When the reference output on a non-task draw is not
 finite, the worker falls back to the task distribution for that trial.
@@ -41,6 +45,47 @@ def draw(module, dist: str, seed: int, device: torch.device) -> list:
   gen = torch.Generator(device=device)
   gen.manual_seed(seed ^ 0x5DEECE66D)
   return [_transform(x, dist, gen) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
+
+
+REDRAW_FACTORIES = ("randn", "rand")
+REDRAW_CHECK_SEEDS = (0x5EED0, 0x5EED1)
+
+
+def redraw(plan, seed: int, outs) -> None:
+  """The task draw of `seed` written into `outs` (contiguous tensors of the draw's shapes and dtypes) by `plan`."""
+  torch.manual_seed(seed)
+  for factory, t in zip(plan, outs):
+    getattr(torch, factory)(t.shape, out=t)
+
+
+def redraw_plan(module, device: torch.device) -> tuple | None:
+  """Factories that redraw the task's tensor inputs bit for bit (module docstring), or None when none do."""
+  for seed in REDRAW_CHECK_SEEDS:
+    xs = [x for x in draw(module, "task", seed, device) if isinstance(x, torch.Tensor)]
+    if not xs or any(not x.is_floating_point() for x in xs):
+      return None
+    if seed == REDRAW_CHECK_SEEDS[0]:
+      plan = []
+      for j in range(len(xs)):  # The factory of tensor j, given those before it.
+        for factory in REDRAW_FACTORIES:
+          outs = [torch.empty_like(x) for x in xs[:j + 1]]
+          redraw(plan + [factory], seed, outs)
+          if _same_bytes(outs[j], xs[j]):
+            plan.append(factory)
+            break
+        else:
+          return None
+    outs = [torch.empty_like(x) for x in xs]
+    redraw(plan, seed, outs)
+    if not all(_same_bytes(a, b) for a, b in zip(outs, xs)):
+      return None
+  return tuple(plan)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+  if a.shape != b.shape or a.dtype != b.dtype:
+    return False
+  return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
 
 
 def _transform(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:

@@ -84,6 +84,7 @@ class TaskState:
   ref_ms_rough: float
   fresh_inputs: bool  # Timed inputs drawn afresh every run (False: rescaled sets; timed_inputs and draw_ms decide).
   draw_ms: float  # The fastest of three draws of the task's inputs, host to GPU, ms.
+  redraw: tuple | None = None  # inputs.redraw_plan of a task with fresh timed inputs (None: copies only).
 
 
 class ReferenceFailed(Exception):
@@ -185,10 +186,10 @@ class GpuWorker:
       params = {n: p.detach() for n, p in list(model.named_parameters()) + list(model.named_buffers())}
       key = self.secret.getrandbits(64)
       param_hash = self.hasher([p for _, p in model.named_parameters()], key)
+      fresh = fresh_inputs(self.s.get("timed_inputs", "auto"), draw_ms, ref_ms)
+      redraw = I.redraw_plan(module, self.device) if fresh else None
     return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_key=key,
-                     param_hash=param_hash, ref_ms_rough=ref_ms,
-                     fresh_inputs=fresh_inputs(self.s.get("timed_inputs", "auto"), draw_ms, ref_ms),
-                     draw_ms=draw_ms)
+                     param_hash=param_hash, ref_ms_rough=ref_ms, fresh_inputs=fresh, draw_ms=draw_ms, redraw=redraw)
 
   # --- one evaluation ------------------------------------------------------------------------------------
 
