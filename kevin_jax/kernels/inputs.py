@@ -60,26 +60,27 @@ def redraw(plan, seed: int, outs) -> None:
 
 def redraw_plan(module, device: torch.device) -> tuple | None:
   """Factories that redraw the task's tensor inputs bit for bit (module docstring), or None when none do."""
+  plan = []
   for seed in REDRAW_CHECK_SEEDS:
     xs = [x for x in draw(module, "task", seed, device) if isinstance(x, torch.Tensor)]
     if not xs or any(not x.is_floating_point() for x in xs):
       return None
-    if seed == REDRAW_CHECK_SEEDS[0]:
-      plan = []
-      for j in range(len(xs)):  # The factory of tensor j, given those before it.
-        for factory in REDRAW_FACTORIES:
-          outs = [torch.empty_like(x) for x in xs[:j + 1]]
-          redraw(plan + [factory], seed, outs)
-          if _same_bytes(outs[j], xs[j]):
-            plan.append(factory)
-            break
-        else:
-          return None
-    outs = [torch.empty_like(x) for x in xs]
-    redraw(plan, seed, outs)
-    if not all(_same_bytes(a, b) for a, b in zip(outs, xs)):
+    while len(plan) < len(xs):  # The factory of the next tensor, given those before it (first seed only).
+      j = len(plan)
+      found = next((f for f in REDRAW_FACTORIES if _redraws(plan + [f], seed, xs[:j + 1])), None)
+      if found is None:
+        return None
+      plan.append(found)
+    if not _redraws(plan, seed, xs):
       return None
+    del xs
   return tuple(plan)
+
+
+def _redraws(plan, seed: int, xs) -> bool:
+  outs = [torch.empty_like(x) for x in xs]
+  redraw(plan, seed, outs)
+  return all(_same_bytes(a, b) for a, b in zip(outs, xs))
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -187,7 +187,11 @@ class GpuWorker:
       key = self.secret.getrandbits(64)
       param_hash = self.hasher([p for _, p in model.named_parameters()], key)
       fresh = fresh_inputs(self.s.get("timed_inputs", "auto"), draw_ms, ref_ms)
-      redraw = I.redraw_plan(module, self.device) if fresh else None
+      del x, out
+      try:
+        redraw = I.redraw_plan(module, self.device) if fresh else None
+      except torch.cuda.OutOfMemoryError:  # Its checks hold two draws at once; without it, timed inputs are copied.
+        redraw = None
     return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_key=key,
                      param_hash=param_hash, ref_ms_rough=ref_ms, fresh_inputs=fresh, draw_ms=draw_ms, redraw=redraw)
 
