@@ -287,3 +287,21 @@ def test_sealed_copy_and_changed_on_the_gpu(monkeypatch):
   z = x.clone()
   B.bytes_of(z)[12345] ^= 0x01
   assert B.changed([(x, x.clone()), (x, z)]) == [False, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("task, plan", [("relu_1ms", ("randn",)), ("matmul_1ms", ("randn", "randn"))])
+def test_redraw_on_the_gpu_is_the_task_draw(task, plan):
+  """The bench tasks' timed inputs take the in-place redraw on CUDA, into a view of a guarded buffer, bit for bit."""
+  if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU")
+  mod, dev = _module(task), torch.device("cuda")
+  assert I.redraw_plan(mod, dev) == plan
+  want = [x for x in I.draw(mod, "task", 2024, dev) if isinstance(x, torch.Tensor)]
+  g = torch.Generator(device=dev)
+  g.manual_seed(0)
+  bufs = B.BufferSet(dev, g)
+  outs = [bufs.alloc(f"in{j}", x.shape, x.dtype).tensor for j, x in enumerate(want)]
+  I.redraw(plan, 2024, outs)
+  assert all(torch.equal(B.bytes_of(a), B.bytes_of(b)) for a, b in zip(outs, want))
+  assert not bufs.guard_violations()
