@@ -96,16 +96,17 @@ def _transform(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor
   if dist == "shrunk" or structured:
     u = 1.0 - torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32)  # (0, 1]
     return (x.float() * u).to(x.dtype)
-  kw = dict(generator=gen, device=x.device, dtype=torch.float32)
+  # Each draw's affine map inside the generating kernel (one pass; the separate passes gave the same values).
+  y = torch.empty(x.shape, device=x.device, dtype=torch.float32)
   if dist == "normal":
-    y = torch.randn(x.shape, **kw)
+    y.normal_(generator=gen)
   elif dist == "uniform":
-    y = torch.rand(x.shape, **kw) * 2 - 1
+    y.uniform_(-1.0, 1.0, generator=gen)
   elif dist == "heavy":
-    u = torch.rand(x.shape, **kw) - 0.5
-    y = -torch.sign(u) * torch.log1p(-2 * u.abs()).clamp_min(-80.0)
+    u = y.uniform_(-0.5, 0.5, generator=gen)
+    y = torch.copysign(u.abs().mul_(-2).log1p_().clamp_min_(-80.0).neg_(), u)
   elif dist == "shifted":
-    y = torch.randn(x.shape, **kw) * 2 + 1
+    y.normal_(1.0, 2.0, generator=gen)
   else:
     raise ValueError(dist)
   return y.to(x.dtype).contiguous()
