@@ -763,3 +763,43 @@ def test_unvalidated_timed_runs_redraw_the_same_inputs_in_place(emu, monkeypatch
   assert res["status"] == "correct" and t["redraw"] == ["randn", "randn"], res
   assert len(differ) == 23 and not any(differ)
   assert sum(redraws) == 23 - t["validated"] > 0  # Validated runs copy the draw.
+
+
+MASKED_TASK = '''
+import torch
+class Model(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.register_buffer("mask", torch.ones(1000))
+    self.bn = torch.nn.BatchNorm1d(1)
+  def forward(self, x, y):
+    self.bn(x.reshape(-1, 1))  # Moves BatchNorm's running statistics on every call.
+    return (x + y) * self.mask
+def get_inputs():
+  return [torch.randn(1000), torch.randn(1000)]
+def get_init_inputs():
+  return []
+'''
+
+
+def test_a_reference_buffer_rewritten_to_make_the_task_trivial_is_caught(emu):
+  """A kernel that zeroes a buffer the reference's forward reads (a mask) after the first trial, then writes zeros:
+  the later references compute zeros too, so only the reference's keyed hash, which covers the buffers its own
+  forward leaves alone, sees it; BatchNorm's running statistics, which every forward moves, raise no false alarm."""
+  calls = []
+
+  def zeroing(x, y, out, n):
+    calls.append(1)
+    if len(calls) <= 2:
+      _add(x, y, out, n)
+      if len(calls) == 2:
+        state = next(iter(emu.worker.tasks.values()))
+        dict(state.model.named_buffers())["mask"].zero_()
+      return
+    out.tensor.zero_()
+
+  res = emu({"add": zeroing}, source=MASKED_TASK, timing_runs=5)
+  assert "reference_corrupted" in res["flags"] and res["fatal"], (res["status"], res["flags"], res["error"])
+  emu.worker.tasks.clear()
+  res = emu({"add": _add}, source=MASKED_TASK, timing_runs=5)
+  assert res["status"] == "correct" and not res["fatal"], (res["status"], res["flags"], res["error"])
