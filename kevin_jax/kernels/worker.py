@@ -188,7 +188,7 @@ class GpuWorker:
       params = {n: p.detach() for n, p in list(model.named_parameters()) + list(model.named_buffers())}
       key = self.secret.getrandbits(64)
       # Buffers the reference's own forward leaves alone (masks, constants; not BatchNorm's running statistics).
-      named = list(model.named_buffers())
+      named = [(n, b) for n, b in model.named_buffers() if n in loaded]
       moved = B.changed((b, loaded[n]) for n, b in named) if named else []
       checked = tuple([p for _, p in model.named_parameters()] + [b for (_, b), m in zip(named, moved) if not m])
       del loaded
