@@ -21,7 +21,7 @@ evaluates every solution of the bundled suite (kevin_jax/data/solutions/*/*/*.md
 with the `expect` in its meta.json (writes suite_check.json / suite_check.md: mismatches, reference times, speedups).
 
   python experiments/bench_evaluator.py --compare-suite OLD/suite_check.json NEW/suite_check.json     (no GPU)
-compares two suite checks (two trees, or two settings): status changes, and per solution correct in both the ratio
+compares two suite checks (two trees, or two settings such as --flush-bytes): status changes, and per solution correct in both the ratio
 new speedup / old speedup (median, worst, and how many lie outside +-1 %).
 """
 
@@ -165,6 +165,8 @@ def main() -> None:
                   help="evaluator.ref_timing ('cached': the reference timed in a task's first evaluation only)")
   ap.add_argument("--profile-phases", action="store_true",
                   help="evaluator.profile_phases: GPU event time per worker phase beside the host time")
+  ap.add_argument("--flush-bytes", type=int, default=0,
+                  help="evaluator.flush_bytes: the L2 flush's write (0: max(2 x L2, 256 MiB))")
   args = ap.parse_args()
   if args.compare_suite:
     print(compare_suites(*args.compare_suite))
@@ -183,7 +185,7 @@ def main() -> None:
   cands = {t: read("candidates", t + ".md") for t in TASKS}
   cache_dir = tempfile.mkdtemp(prefix="bench_evaluator_cache_")  # Cold NVRTC cache.
   cfg = EvaluatorConfig(cache_dir=cache_dir, timing_max_s=args.timing_max_s, ref_timing=args.ref_timing,
-                        profile_phases=args.profile_phases)
+                        profile_phases=args.profile_phases, flush_bytes=args.flush_bytes)
   t = time.perf_counter()
   with Evaluator(cfg, task_source=os.path.join(DATA, "tasks"), _gpu_role="fake" if args.fake else "gpu") as ev:
     # Warm-up: one evaluation per task loads the reference models and cuBLAS in the worker.
@@ -276,7 +278,7 @@ def suite_check(args) -> None:
       labels.append((task_id, name, meta.get("solutions", {}).get(name, {}).get("expect")))
   t = time.perf_counter()
   cfg = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="suite_cache_"), timing_max_s=args.timing_max_s,
-                        ref_timing=args.ref_timing)
+                        ref_timing=args.ref_timing, flush_bytes=args.flush_bytes)
   with Evaluator(cfg, task_source="bundled", _gpu_role="fake" if args.fake else "gpu") as ev:
     rs = ev.evaluate(items)
     gpu = ev.gpu_info

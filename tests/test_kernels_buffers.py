@@ -217,6 +217,25 @@ def test_draws_are_seeded_and_have_the_named_distributions():
   assert (h.abs() > 8).float().mean() > 1e-4  # Heavier tails than a normal.
 
 
+@pytest.mark.parametrize("dist", ["normal", "uniform", "heavy", "shifted"])
+def test_distributions_are_the_textbook_formulas_on_the_same_stream(dist):
+  """Each one-pass draw gives, bit for bit, its formula written as separate elementwise steps."""
+  x = torch.randn(3, 50_000)
+  gen, ref = torch.Generator(device=CPU), torch.Generator(device=CPU)
+  gen.manual_seed(99)
+  ref.manual_seed(99)
+  if dist == "normal":
+    want = torch.randn(x.shape, generator=ref)
+  elif dist == "uniform":
+    want = torch.rand(x.shape, generator=ref) * 2 - 1
+  elif dist == "heavy":
+    u = torch.rand(x.shape, generator=ref) - 0.5
+    want = -torch.sign(u) * torch.log1p(-2 * u.abs()).clamp_min(-80.0)
+  else:
+    want = torch.randn(x.shape, generator=ref) * 2 + 1
+  assert torch.equal(I._transform(x, dist, gen), want)
+
+
 def test_integer_inputs_and_structured_inputs_are_preserved(tmp_path):
   emb = _module("embedding")
   idx_task, idx_normal = I.draw(emb, "task", 3, CPU)[0], I.draw(emb, "normal", 3, CPU)[0]
@@ -229,6 +248,36 @@ def test_integer_inputs_and_structured_inputs_are_preserved(tmp_path):
   x = I.draw(mod, "normal", 5, CPU)[0]
   assert torch.equal(x, torch.tril(x)) and (x != 0).sum() == 64 * 65 // 2  # Zeros kept, values changed.
   assert not torch.equal(x, I.draw(mod, "task", 5, CPU)[0])
+
+
+def _source_module(tmp_path, name, inputs):
+  f = tmp_path / f"{name}.py"
+  f.write_text("import torch\nclass Model(torch.nn.Module):\n  def forward(self, *a):\n    return a[0]\n"
+               f"def get_inputs():\n  return {inputs}\n"
+               "def get_init_inputs():\n  return []\n")
+  return tasks.load_module(tasks.TaskSpec(id=name, path=str(f), level=0))
+
+
+@pytest.mark.parametrize("inputs, plan", [
+    ("[torch.randn(64, 33)]", ("randn",)),
+    ("[torch.rand(16, 8), torch.randn(8, 5), 3]", ("rand", "randn")),
+    ("[torch.randn(40, dtype=torch.float16)]", ("randn",)),
+    ("[torch.randn(100) * 2]", None),  # Not the factory's bytes.
+    ("[torch.randn(100).half()]", None),  # Drawn in fp32, then rounded.
+    ("[torch.randn(100), torch.randint(0, 5, (10,))]", None),
+    ("[torch.ones(100)]", None),
+    ("[torch.randn(1)[:0], torch.randn(100)]", None)])  # The generator moved between the returned tensors.
+def test_redraw_plan_writes_the_task_draw_in_place_bit_for_bit(tmp_path, inputs, plan):
+  mod = _source_module(tmp_path, "t", inputs)
+  assert I.redraw_plan(mod, CPU) == plan
+  if plan is None:
+    return
+  want = [x for x in I.draw(mod, "task", 12345, CPU) if isinstance(x, torch.Tensor)]
+  outs = [torch.full_like(x, float("nan")) for x in want]
+  I.redraw(plan, 12345, outs)
+  assert all(torch.equal(B.bytes_of(a), B.bytes_of(b)) for a, b in zip(outs, want))
+  I.redraw(plan, 12346, outs)
+  assert not torch.equal(outs[0], want[0])
 
 
 def test_trial_distributions():
@@ -257,3 +306,21 @@ def test_sealed_copy_and_changed_on_the_gpu(monkeypatch):
   z = x.clone()
   B.bytes_of(z)[12345] ^= 0x01
   assert B.changed([(x, x.clone()), (x, z)]) == [False, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("task, plan", [("relu_1ms", ("randn",)), ("matmul_1ms", ("randn", "randn"))])
+def test_redraw_on_the_gpu_is_the_task_draw(task, plan):
+  """The bench tasks' timed inputs take the in-place redraw on CUDA, into a view of a guarded buffer, bit for bit."""
+  if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU")
+  mod, dev = _module(task), torch.device("cuda")
+  assert I.redraw_plan(mod, dev) == plan
+  want = [x for x in I.draw(mod, "task", 2024, dev) if isinstance(x, torch.Tensor)]
+  g = torch.Generator(device=dev)
+  g.manual_seed(0)
+  bufs = B.BufferSet(dev, g)
+  outs = [bufs.alloc(f"in{j}", x.shape, x.dtype).tensor for j, x in enumerate(want)]
+  I.redraw(plan, 2024, outs)
+  assert all(torch.equal(B.bytes_of(a), B.bytes_of(b)) for a, b in zip(outs, want))
+  assert not bufs.guard_violations()

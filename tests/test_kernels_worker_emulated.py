@@ -703,3 +703,103 @@ def test_reference_outputs_that_alias_each_other_a_buffer_or_a_transpose(emu, mo
 
   res = emu({"four": stale}, cuda=CUDA_ALIASED, plan=PLAN_ALIASED, source=ALIASED_OUTPUTS, timing_runs=3)
   assert res["status"] == "incorrect" and res["details"]["mismatch"]["output"] == "out2", res["error"]
+
+
+@pytest.mark.parametrize("mode", ["fresh", "rescaled"])
+def test_a_timed_run_that_rewrites_the_references_inputs_is_caught(emu, monkeypatch, mode):
+  """A kernel that finds the reference's copy of its inputs in GPU memory (a timed run computes the reference after
+  the candidate) and zeroes it, then writes the output of zero inputs without reading its own: the validated
+  comparison alone would pass, so the reference's inputs are hashed after the candidate like the candidate's."""
+  seen = []
+  real = timing._Setup.set_inputs
+
+  def set_inputs(self, k, validated=True):
+    args = real(self, k, validated)
+    seen.append(args)
+    return args
+
+  monkeypatch.setattr(timing._Setup, "set_inputs", set_inputs)
+  calls = []
+
+  def cheat(x, y, out, n):
+    calls.append(1)
+    if len(calls) <= TRIAL_CALLS:
+      _add(x, y, out, n)
+      return
+    for t in seen[-1]:
+      t.zero_()
+    out.tensor.zero_()
+
+  res = emu({"add": cheat}, timed_inputs=mode)
+  assert res["status"] == "runtime_error" and res["flags"] == ["input_mutation"], res
+  assert "timed run" in res["error"]
+  assert emu({"add": _add}, timed_inputs=mode)["status"] == "correct"
+
+
+def test_unvalidated_timed_runs_redraw_the_same_inputs_in_place(emu, monkeypatch):
+  """A task of plain torch.randn inputs gets its fresh timed inputs written in place on unvalidated runs: the
+  candidate's buffers hold exactly the reference's draw in every timed run (and the rewritten-input check passes)."""
+  seen, redraws = [], []
+  real_set, real_redraw = timing._Setup.set_inputs, timing.I.redraw
+
+  def set_inputs(self, k, validated=True):
+    args = real_set(self, k, validated)
+    seen.append(args)
+    return args
+
+  monkeypatch.setattr(timing._Setup, "set_inputs", set_inputs)
+  calls, differ = [], []
+  # Timed runs' redraws only (the task load checks its plan with redraws too).
+  monkeypatch.setattr(timing.I, "redraw", lambda *a: (redraws.append(len(calls) >= TRIAL_CALLS), real_redraw(*a)))
+
+  def checking(x, y, out, n):
+    calls.append(1)
+    if len(calls) > TRIAL_CALLS:
+      differ.append(not (torch.equal(x.tensor, seen[-1][0]) and torch.equal(y.tensor, seen[-1][1])))
+    _add(x, y, out, n)
+
+  res = emu({"add": checking}, timed_inputs="fresh")
+  t = res["details"]["timing"]
+  assert res["status"] == "correct" and t["redraw"] == ["randn", "randn"], res
+  assert len(differ) == 23 and not any(differ)
+  assert sum(redraws) == 23 - t["validated"] > 0  # Validated runs copy the draw.
+
+
+MASKED_TASK = '''
+import torch
+class Model(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.register_buffer("mask", torch.ones(1000))
+    self.bn = torch.nn.BatchNorm1d(1)
+  def forward(self, x, y):
+    self.bn(x.reshape(-1, 1))  # Moves BatchNorm's running statistics on every call.
+    return (x + y) * self.mask
+def get_inputs():
+  return [torch.randn(1000), torch.randn(1000)]
+def get_init_inputs():
+  return []
+'''
+
+
+def test_a_reference_buffer_rewritten_to_make_the_task_trivial_is_caught(emu):
+  """A kernel that zeroes a buffer the reference's forward reads (a mask) after the first trial, then writes zeros:
+  the later references compute zeros too, so only the reference's keyed hash, which covers the buffers its own
+  forward leaves alone, sees it; BatchNorm's running statistics, which every forward moves, raise no false alarm."""
+  calls = []
+
+  def zeroing(x, y, out, n):
+    calls.append(1)
+    if len(calls) <= 2:
+      _add(x, y, out, n)
+      if len(calls) == 2:
+        state = next(iter(emu.worker.tasks.values()))
+        dict(state.model.named_buffers())["mask"].zero_()
+      return
+    out.tensor.zero_()
+
+  res = emu({"add": zeroing}, source=MASKED_TASK, timing_runs=5)
+  assert "reference_corrupted" in res["flags"] and res["fatal"], (res["status"], res["flags"], res["error"])
+  emu.worker.tasks.clear()
+  res = emu({"add": _add}, source=MASKED_TASK, timing_runs=5)
+  assert res["status"] == "correct" and not res["fatal"], (res["status"], res["flags"], res["error"])

@@ -11,6 +11,10 @@ floating-point tensors of a fresh `get_inputs()` draw (integer/bool tensors and 
   shifted  N(1, 2^2)
   shrunk   the task's own draw times U(0, 1] elementwise (keeps signs, zeros and any interval containing 0)
 
+A redraw (`redraw_plan`, `redraw`) writes a task draw straight into existing buffers, for tasks whose get_inputs()
+returns tensors made by torch.randn / torch.rand alone, in order: the same factories on the same seed give the same
+bytes (checked bit for bit per task on two seeds), so the timed runs' fresh inputs cost a write instead of a copy.
+
 A tensor whose task draw has >= 1% exact zeros is treated as structured (e.g. triangular): it gets `shrunk`
 instead of a replacement, so its zero pattern survives. When the reference output on a non-task draw is not
 finite, the worker falls back to the task distribution for that trial.
@@ -43,6 +47,48 @@ def draw(module, dist: str, seed: int, device: torch.device) -> list:
   return [_transform(x, dist, gen) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
 
 
+REDRAW_FACTORIES = ("randn", "rand")
+REDRAW_CHECK_SEEDS = (0x5EED0, 0x5EED1)
+
+
+def redraw(plan, seed: int, outs) -> None:
+  """The task draw of `seed` written into `outs` (contiguous tensors of the draw's shapes and dtypes) by `plan`."""
+  torch.manual_seed(seed)
+  for factory, t in zip(plan, outs):
+    getattr(torch, factory)(t.shape, out=t)
+
+
+def redraw_plan(module, device: torch.device) -> tuple | None:
+  """Factories that redraw the task's tensor inputs bit for bit (module docstring), or None when none do."""
+  plan = []
+  for seed in REDRAW_CHECK_SEEDS:
+    xs = [x for x in draw(module, "task", seed, device) if isinstance(x, torch.Tensor)]
+    if not xs or any(not x.is_floating_point() for x in xs):
+      return None
+    while len(plan) < len(xs):  # The factory of the next tensor, given those before it (first seed only).
+      j = len(plan)
+      found = next((f for f in REDRAW_FACTORIES if _redraws(plan + [f], seed, xs[:j + 1])), None)
+      if found is None:
+        return None
+      plan.append(found)
+    if not _redraws(plan, seed, xs):
+      return None
+    del xs
+  return tuple(plan)
+
+
+def _redraws(plan, seed: int, xs) -> bool:
+  outs = [torch.empty_like(x) for x in xs]
+  redraw(plan, seed, outs)
+  return all(_same_bytes(a, b) for a, b in zip(outs, xs))
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+  if a.shape != b.shape or a.dtype != b.dtype:
+    return False
+  return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+
+
 def _transform(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
   if x.numel() == 0:
     return x
@@ -50,16 +96,17 @@ def _transform(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor
   if dist == "shrunk" or structured:
     u = 1.0 - torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32)  # (0, 1]
     return (x.float() * u).to(x.dtype)
-  kw = dict(generator=gen, device=x.device, dtype=torch.float32)
+  # Each draw's affine map inside the generating kernel (one pass; the separate passes gave the same values).
+  y = torch.empty(x.shape, device=x.device, dtype=torch.float32)
   if dist == "normal":
-    y = torch.randn(x.shape, **kw)
+    y.normal_(generator=gen)
   elif dist == "uniform":
-    y = torch.rand(x.shape, **kw) * 2 - 1
+    y.uniform_(-1.0, 1.0, generator=gen)
   elif dist == "heavy":
-    u = torch.rand(x.shape, **kw) - 0.5
-    y = -torch.sign(u) * torch.log1p(-2 * u.abs()).clamp_min(-80.0)
+    u = y.uniform_(-0.5, 0.5, generator=gen)
+    y = torch.copysign(u.abs().mul_(-2).log1p_().clamp_min_(-80.0).neg_(), u)
   elif dist == "shifted":
-    y = torch.randn(x.shape, **kw) * 2 + 1
+    y.normal_(1.0, 2.0, generator=gen)
   else:
     raise ValueError(dist)
   return y.to(x.dtype).contiguous()

@@ -2,7 +2,9 @@
 
 Per iteration (warm-up iterations first, untimed):
   1. fresh inputs: an independent draw of the task's inputs with a secret seed, copied into the candidate's input
-     buffers of set k = i mod G (G >= 2 sets, so pointers rotate too); the reference gets the same draw. No launch
+     buffers of set k = i mod G (G >= 2 sets, so pointers rotate too), or on unvalidated runs of a task whose inputs
+     are plain torch.randn / torch.rand tensors written there by the same factories on the same seed (inputs.redraw:
+     the same bytes, checked per task; `details.timing.redraw`); the reference gets the draw itself. No launch
      ever sees contents it, or anything derived from them, saw before, so a result memoised per pointer or content
      (and rescaled) or work batched ahead for later calls is wrong. A task whose draw is too slow for every run
      (worker.FRESH_DRAW_MS) falls back to G drawn sets, each multiplied by a fresh secret factor in [0.8, 1];
@@ -12,10 +14,12 @@ Per iteration (warm-up iterations first, untimed):
   4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
   5. on a secret random subset of iterations (always the first and the last timed one, the first warm-up one,
      and all of them when re-checking an excessive speedup): the candidate's outputs are compared on the GPU with
-     the reference outputs of the same inputs, computed after the candidate finished (then scrubbed; on other
-     iterations they are scrubbed only with rescaled inputs, since a fresh draw shares nothing with them), and keyed
-     hashes (integrity.py) of the candidate's input and parameter buffers taken before and after its launches
-     must agree;
+     the reference outputs of the same inputs, computed after the candidate finished (scrubbed afterwards with
+     rescaled inputs only, validated or not: a fresh draw shares nothing with the next run's inputs), and keyed
+     hashes (integrity.py) of the candidate's input and parameter buffers taken before its launches must equal
+     those taken after them, and so must the hashes of the reference's own input tensors taken after them (they
+     hold the same bytes; a kernel that rewrote the reference's inputs in GPU memory, e.g. to zeros, and wrote the
+     output of those, would otherwise pass the comparison);
   6. a polled wait with a deadline (a hang becomes a timeout; the evaluation's budget applies too) for the
      iteration before: the host queues iteration i+1 while the GPU runs iteration i, so host-side preparation
      (draw calls, launches, events) overlaps the GPU. Everything still runs in order on the worker's one stream:
@@ -65,6 +69,7 @@ class _Setup:
     self.w, self.state, self.bound, self.mod, self.bufs = w, state, bound, mod, bufs
     self.n_sets = max(2, int(s["timing_input_sets"]))
     self.fresh = bool(state.fresh_inputs)
+    self.redraw = state.redraw if self.fresh else None
     self.names = [n for n, i in zip(info.input_names, info.inputs) if i["kind"] == "tensor"]
     self.ptrs, self.cand_in = [], []
     for k in range(self.n_sets):
@@ -89,16 +94,25 @@ class _Setup:
     self.param_hash = w.hasher(self.params, self.key) if self.params else None
     self.cand_graphs = self.ref_graphs = None
 
-  def draw(self) -> list:
-    return I.draw(self.state.module, "task", self.w.secret.getrandbits(62), self.w.device)
+  def draw(self, seed: int | None = None) -> list:
+    seed = self.w.secret.getrandbits(62) if seed is None else seed
+    return I.draw(self.state.module, "task", seed, self.w.device)
 
-  def set_inputs(self, k: int) -> list:
-    """New contents for the candidate's input set k; returns the reference's arguments (module docstring)."""
+  def set_inputs(self, k: int, validated: bool = True) -> list:
+    """New contents for the candidate's input set k; returns the reference's arguments (module docstring).
+
+    A fresh draw reaches the candidate's buffers as a copy on validated runs and, where the task has a redraw plan,
+    as the same draw written in place (inputs.redraw) on the others (the same bytes, one pass fewer).
+    """
     if self.fresh:
-      args = self.draw()
+      seed = self.w.secret.getrandbits(62)
+      args = self.draw(seed)
       tensors = [x for x in args if isinstance(x, torch.Tensor)]
-      for c, x in zip(self.cand_in[k], tensors):
-        c.copy_(x)
+      if self.redraw is not None and not validated:
+        I.redraw(self.redraw, seed, self.cand_in[k])
+      else:
+        for c, x in zip(self.cand_in[k], tensors):
+          c.copy_(x)
       if self.ref_graphs is None:
         return args
       for r, x in zip([x for x in self.ref_in[k] if isinstance(x, torch.Tensor)], tensors):
@@ -116,9 +130,18 @@ class _Setup:
         r.copy_(b)
     return self.ref_in[k]
 
-  def integrity(self, k: int) -> torch.Tensor:
-    """Keyed hashes of the candidate's input set k and its parameter buffers (one device tensor)."""
-    return self.w.hasher(self.cand_in[k] + self.params, self.key)
+  def integrity(self, k: int, ref_args: list | None = None) -> torch.Tensor:
+    """Keyed hashes of the candidate's input set k and its parameter buffers (one device tensor).
+
+    With `ref_args` (after the candidate), also the reference's tensor arguments, hashed against the candidate's
+    inputs: `expected` gives the hashes they must have (equal bytes, module docstring 5.).
+    """
+    ref = [x for x in ref_args if isinstance(x, torch.Tensor)] if ref_args is not None else []
+    return self.w.hasher(self.cand_in[k] + self.params + ref, self.key)
+
+  def expected(self, before: torch.Tensor) -> torch.Tensor:
+    """The after-candidate hashes `integrity(k, ref_args)` must equal, given `integrity(k)` before the launches."""
+    return torch.cat([before, before[:len(self.names)]])
 
   def run_candidate(self, k: int, stream_ptr: int) -> None:
     if self.cand_graphs is not None:
@@ -178,7 +201,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
     validate[i] = validate[i] or last
     k = i % su.n_sets
     with clock("timing/draw"):
-      ref_args = su.set_inputs(k)
+      ref_args = su.set_inputs(k, validate[i])
     if validate[i]:
       with clock("timing/integrity"):
         before = su.integrity(k)
@@ -194,7 +217,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
       c1.record(stream)
     if validate[i]:
       with clock("timing/integrity"):
-        integrity.append((i, (su.integrity(k) != before).sum()))
+        integrity.append((i, (su.integrity(k, ref_args) != su.expected(before)).sum()))
     if time_ref or validate[i]:
       r0, r1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
       with clock("timing/flush"):
@@ -207,7 +230,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
         if validate[i]:
           bad = [count_bad(su.bufs[o].tensor, r, *tol) for o, r, tol in zip(su.outs, ref_out, su.tols)]
           checks.append((i, torch.stack(bad).sum()))
-        if validate[i] or not su.fresh:  # Unchecked fresh draws: the next run's inputs are independent of these.
+        if not su.fresh:  # A fresh draw shares nothing with the next run's inputs (module docstring, 5.).
           _scrub(ref_out, su.param_ptrs)
       del ref_out
       if i >= warmup and time_ref:
@@ -283,6 +306,7 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
   with clock("timing/pass"):
     p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
   info = {"method": method, "input_sets": su.n_sets, "inputs": "fresh" if su.fresh else "rescaled",
+          "redraw": list(su.redraw) if su.redraw is not None else None,
           "draw_ms": round(float(state.draw_ms), 3),
           "flush_bytes": w.flush.numel(), "validated": p["validated"], "budget_stop": p["budget_stop"]}
 

@@ -2,10 +2,10 @@
 
 Per evaluation: skip the task when one evaluation would not fit the GPU (footprint.py, `task_memory_fraction`:
 a task-level result), load the task (cached: the reference Model built once with a fixed seed, in the reference
-mode (dropout off) as everywhere the evaluator builds a reference (kernels/README.md "The reference"), TF32 off unless the task sets
-ALLOW_TF32; its weights' keyed hash taken), start the evaluation's wall budget, re-validate the plan
-against the live shapes and the real device limits and the cubin against the signatures (static.check_cubin),
-load the cubin as a fresh module, then
+mode (dropout off) as everywhere the evaluator builds a reference (kernels/README.md "The reference"), TF32 off
+unless the task sets ALLOW_TF32; a keyed hash taken of its weights and of the buffers its forward leaves alone),
+start the evaluation's wall budget, re-validate the plan against the live shapes and the real device limits and
+the cubin against the signatures (static.check_cubin), load the cubin as a fresh module, then
 
   correctness  N trials on fresh inputs (distributions in inputs.py, secret seeds). Per trial the reference runs
                first on its own copies; its outputs are kept on the GPU sealed (XOR with a secret stream; in
@@ -17,7 +17,7 @@ load the cubin as a fresh module, then
 
 Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
 runs) marks the result fatal; the worker then exits and the supervisor starts a fresh one. After every evaluation
-the reference weights' keyed hash is checked. Exceptions never escape `GpuWorker.run`.
+that keyed hash is checked. Exceptions never escape `GpuWorker.run`.
 """
 
 from __future__ import annotations
@@ -73,17 +73,19 @@ def as_tuple(out) -> tuple:
 
 @dataclasses.dataclass
 class TaskState:
-  """A loaded task: module, reference model on the GPU, live TaskInfo, the weights' keyed hash."""
+  """A loaded task: module, reference model on the GPU, live TaskInfo, the keyed hash of its weights and buffers."""
   task_id: str
   module: object
   model: torch.nn.Module
   info: TaskInfo
   params: dict[str, torch.Tensor]
   param_key: int  # Secret key of the reference weights' keyed hash (host only).
-  param_hash: torch.Tensor  # Keyed hash of the reference model's parameters at load time (on the GPU).
+  param_hash: torch.Tensor  # Keyed hash of `checked` at load time (on the GPU).
   ref_ms_rough: float
   fresh_inputs: bool  # Timed inputs drawn afresh every run (False: rescaled sets; timed_inputs and draw_ms decide).
   draw_ms: float  # The fastest of three draws of the task's inputs, host to GPU, ms.
+  redraw: tuple | None = None  # inputs.redraw_plan of a task with fresh timed inputs (None: copies only).
+  checked: tuple = ()  # What param_hash covers: the parameters and the buffers the reference's forward leaves alone.
 
 
 class ReferenceFailed(Exception):
@@ -167,6 +169,7 @@ class GpuWorker:
         torch.manual_seed(MODEL_SEED)
         model = module.Model(*init)
       model = as_reference(model.to(self.device))
+      loaded = {n: b.detach().clone() for n, b in model.named_buffers()}
       x = I.draw(module, "task", MODEL_SEED, self.device)
       draw_ms = float("inf")
       for k in range(1, 4):  # The fastest of three: one draw preempted by a busy host does not decide it.
@@ -184,11 +187,21 @@ class GpuWorker:
       ref_ms = start.elapsed_time(end)
       params = {n: p.detach() for n, p in list(model.named_parameters()) + list(model.named_buffers())}
       key = self.secret.getrandbits(64)
-      param_hash = self.hasher([p for _, p in model.named_parameters()], key)
+      # Buffers the reference's own forward leaves alone (masks, constants; not BatchNorm's running statistics).
+      named = [(n, b) for n, b in model.named_buffers() if n in loaded]
+      moved = B.changed((b, loaded[n]) for n, b in named) if named else []
+      checked = tuple([p for _, p in model.named_parameters()] + [b for (_, b), m in zip(named, moved) if not m])
+      del loaded
+      param_hash = self.hasher(checked, key)
+      fresh = fresh_inputs(self.s.get("timed_inputs", "auto"), draw_ms, ref_ms)
+      del x, out
+      try:
+        redraw = I.redraw_plan(module, self.device) if fresh else None
+      except torch.cuda.OutOfMemoryError:  # Its checks hold two draws at once; without it, timed inputs are copied.
+        redraw = None
     return TaskState(task_id=task_id, module=module, model=model, info=info, params=params, param_key=key,
-                     param_hash=param_hash, ref_ms_rough=ref_ms,
-                     fresh_inputs=fresh_inputs(self.s.get("timed_inputs", "auto"), draw_ms, ref_ms),
-                     draw_ms=draw_ms)
+                     param_hash=param_hash, ref_ms_rough=ref_ms, fresh_inputs=fresh, draw_ms=draw_ms, redraw=redraw,
+                     checked=checked)
 
   # --- one evaluation ------------------------------------------------------------------------------------
 
@@ -307,7 +320,7 @@ class GpuWorker:
     """
     try:
       torch.cuda.synchronize()
-      now = self.hasher([p for _, p in state.model.named_parameters()], state.param_key) if state else None
+      now = self.hasher(state.checked, state.param_key) if state else None
       if state is not None and not torch.equal(now, state.param_hash):
         res["flags"].append("reference_corrupted")
         _final(res, "runtime_error", "a kernel wrote into memory it does not own (the reference model's weights)")
