@@ -158,23 +158,7 @@ def seal(t: torch.Tensor, seed: int) -> None:
   if t.numel() == 0:
     return
   b = bytes_of(t)
-  gen = torch.Generator(device=t.device)
-  gen.manual_seed(seed)
-  n4 = b.numel() // 4 if b.storage_offset() % 4 == 0 else 0
-  if n4:
-    words = b[:4 * n4].view(torch.int32)
-    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=t.device)
-    for start in range(0, n4, stream.numel()):
-      part = words[start:start + stream.numel()]
-      chunk = stream[:part.numel()]
-      chunk.random_(-2**31, 2**31, generator=gen)
-      part.bitwise_xor_(chunk)
-    stream.zero_()
-  if b.numel() > 4 * n4:
-    tail = b[4 * n4:]
-    stream = torch.randint(0, 256, tail.shape, dtype=torch.uint8, device=t.device, generator=gen)
-    tail.bitwise_xor_(stream)
-    stream.zero_()
+  _xor_stream(b, b, seed)
 
 
 def sealed_copy(t: torch.Tensor, seed: int) -> torch.Tensor:
@@ -182,29 +166,34 @@ def sealed_copy(t: torch.Tensor, seed: int) -> torch.Tensor:
   out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
   if t.numel() == 0:
     return out
-  src = t.contiguous()
-  b, d = bytes_of(src), bytes_of(out)
-  if b.storage_offset() % 4:  # No word view of the source: copy, then seal (the same stream either way).
-    out.copy_(src)
+  src = bytes_of(t.contiguous())
+  if src.storage_offset() % 4:  # No word view of the source: copy, then seal (the same stream either way).
+    out.copy_(t)
     seal(out, seed)
-    return out
-  gen = torch.Generator(device=t.device)
+  else:
+    _xor_stream(src, bytes_of(out), seed)
+  return out
+
+
+def _xor_stream(src: torch.Tensor, dst: torch.Tensor, seed: int) -> None:
+  """dst = src XOR `seal`'s stream of `seed` (byte views of equal length; dst may be src). Words where dst is
+  4-byte aligned (then src must be too), a byte tail; the stream's scratch is zero-filled afterwards."""
+  gen = torch.Generator(device=dst.device)
   gen.manual_seed(seed)
-  n4 = d.numel() // 4
+  n4 = dst.numel() // 4 if dst.storage_offset() % 4 == 0 else 0
   if n4:
-    src_w, dst_w = b[:4 * n4].view(torch.int32), d[:4 * n4].view(torch.int32)
-    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=t.device)
+    src_w, dst_w = src[:4 * n4].view(torch.int32), dst[:4 * n4].view(torch.int32)
+    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=dst.device)
     for start in range(0, n4, stream.numel()):
       part = src_w[start:start + stream.numel()]
       chunk = stream[:part.numel()]
       chunk.random_(-2**31, 2**31, generator=gen)
       torch.bitwise_xor(part, chunk, out=dst_w[start:start + part.numel()])
     stream.zero_()
-  if d.numel() > 4 * n4:
-    stream = torch.randint(0, 256, (d.numel() - 4 * n4,), dtype=torch.uint8, device=t.device, generator=gen)
-    torch.bitwise_xor(b[4 * n4:], stream, out=d[4 * n4:])
+  if dst.numel() > 4 * n4:
+    stream = torch.randint(0, 256, (dst.numel() - 4 * n4,), dtype=torch.uint8, device=dst.device, generator=gen)
+    torch.bitwise_xor(src[4 * n4:], stream, out=dst[4 * n4:])
     stream.zero_()
-  return out
 
 
 def seal_all(tensors, seed: int) -> None:
