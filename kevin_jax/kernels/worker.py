@@ -33,7 +33,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
-from kevin_jax.kernels import closeness, footprint, static, tasks, timing
+from kevin_jax.kernels import closeness, footprint, keyed_draw, static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
 from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
@@ -84,7 +84,7 @@ class TaskState:
   ref_ms_rough: float
   fresh_inputs: bool  # Timed inputs drawn afresh every run (False: rescaled sets; timed_inputs and draw_ms decide).
   draw_ms: float  # The fastest of three draws of the task's inputs, host to GPU, ms.
-  redraw: tuple | None = None  # inputs.redraw_plan of a task with fresh timed inputs (None: copies only).
+  redraw: tuple | None = None  # inputs.redraw_plan of a task with fresh timed inputs (None: get_inputs() copies).
   checked: tuple = ()  # What param_hash covers: the parameters and the buffers the reference's forward leaves alone.
 
 
@@ -130,6 +130,7 @@ class GpuWorker:
     self.secret = random.Random(seed) if seed is not None and seed >= 0 else random.SystemRandom()
     self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
     closeness.prepare(self.device)
+    keyed_draw.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
     self.last_task = None  # (task id, path) of the evaluation before: the allocator cache holds its sizes.
     self.clock = PhaseClock()  # The evaluation in progress's phase times (details.breakdown); new per run.
