@@ -262,6 +262,8 @@ def _source_module(tmp_path, name, inputs):
     ("[torch.randn(64, 33)]", ("randn",)),
     ("[torch.rand(16, 8), torch.randn(8, 5), 3]", ("rand", "randn")),
     ("[torch.randn(40, dtype=torch.float16)]", ("randn",)),
+    ("[torch.rand(40, dtype=torch.bfloat16)]", ("rand",)),
+    ("[torch.randn(40, dtype=torch.float64)]", None),  # No keyed draw of float64.
     ("[torch.randn(100) * 2]", None),  # Not the factory's bytes.
     ("[torch.randn(100).half()]", None),  # Drawn in fp32, then rounded.
     ("[torch.randn(100), torch.randint(0, 5, (10,))]", None),
@@ -311,7 +313,8 @@ def test_sealed_copy_and_changed_on_the_gpu(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("task, plan", [("relu_1ms", ("randn",)), ("matmul_1ms", ("randn", "randn"))])
 def test_redraw_on_the_gpu_is_the_task_draw(task, plan):
-  """The bench tasks' timed inputs take the in-place redraw on CUDA, into a view of a guarded buffer, bit for bit."""
+  """The bench tasks have a redraw plan on CUDA (their timed inputs are keyed draws): the factories give the task
+  draw bit for bit, also into a view of a guarded buffer."""
   if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU")
   mod, dev = _module(task), torch.device("cuda")
