@@ -87,8 +87,11 @@ class _Setup:
       self.cand_in.append(row)
     self.base = None if self.fresh else [self.draw() for _ in range(self.n_sets)]
     self.ref_in = None if self.fresh else [[_clone(x) for x in base] for base in self.base]
-    # Keyed draws: the reference's one reusable set (a draw's tensors, overwritten every run; its scalars kept).
-    self.ref_keyed = self.draw() if self.redraw is not None else None
+    # Keyed draws: the reference's one reusable set (new contiguous tensors of a draw's shapes, written every run;
+    # the draw's scalars kept).
+    self.ref_keyed = None if self.redraw is None else [
+        torch.empty(x.shape, dtype=x.dtype, device=x.device) if isinstance(x, torch.Tensor) else x
+        for x in self.draw()]
     self.outs = [f"out{j}" for j in range(len(info.outputs))]
     self.fill = self.outs + [name for name, _, _, zero in bound.scratch if not zero]
     self.zeros = [name for name, _, _, zero in bound.scratch if zero]
