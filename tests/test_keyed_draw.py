@@ -4,7 +4,8 @@ CPU: the numpy reference's N(0, 1) and U[0, 1) on 2^21 samples (mean, variance, 
 0.1 % critical value), keys and tensors give uncorrelated streams with no repeated values across runs, float16 /
 bfloat16 rounding (nearest for randn, toward zero for rand: never 1.0), and the CUDA value formula compiled for the
 host with g++ (IEEE arithmetic, no contraction: what the kernel's explicitly rounded intrinsics do) equals `values`
-bit for bit. GPU: the kernel's bytes equal the CPU path's in every dtype, both copies, into guarded buffers.
+bit for bit (and its hash, all 64 bits, is `hashes`). GPU: the kernel's bytes equal the CPU path's in every dtype,
+both copies, into guarded buffers.
 """
 
 import ctypes
@@ -115,6 +116,10 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 """
 _WRAP = r"""
+extern "C" void hash_words(unsigned long long first, long count, unsigned long long ka, unsigned long long kb,
+                           unsigned long long* out) {
+  for (long k = 0; k < count; ++k) out[k] = kd_hash(first + k, ka, kb);
+}
 extern "C" void pairs(unsigned long long first, long count, unsigned long long ka, unsigned long long kb, int normal,
                       float* out) {
   for (long k = 0; k < count; ++k) kd_pair(first + k, ka, kb, normal, &out[2 * k], &out[2 * k + 1]);
@@ -149,6 +154,17 @@ def test_the_cuda_formula_is_the_numpy_reference_bit_for_bit(host_formula, facto
     assert np.array_equal(out.view(np.uint32), want.reshape(-1).view(np.uint32))
   assert np.array_equal(K.values(factory, 2 * count, *K.subkeys(3, 0)).view(np.uint32),
                         _host_values(host_formula, factory, 2 * count, 3).view(np.uint32))
+
+
+def test_the_cuda_hash_is_the_numpy_hash(host_formula):
+  """All 64 bits of h (the seal streams use every byte of it)."""
+  for key, first in ((9, 0), (2**64 - 1, 2**50)):
+    ka, kb = K.subkeys(key, 3)
+    out = np.empty(4096, dtype=np.uint64)
+    host_formula.hash_words(ctypes.c_uint64(first), ctypes.c_long(out.size), ctypes.c_uint64(ka), ctypes.c_uint64(kb),
+                            out.ctypes.data_as(ctypes.c_void_p))
+    assert np.array_equal(out, K.hashes(first, out.size, ka, kb))
+  assert K.stream_bytes(20, ka, kb).tolist() == list(K.hashes(0, 3, ka, kb).astype("<u8").tobytes()[:20])
 
 
 def _host_values(lib, factory, n, key):

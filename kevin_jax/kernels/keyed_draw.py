@@ -1,4 +1,5 @@
-"""Fresh timed inputs from a counter-based generator: one pass writes the candidate's and the reference's copy.
+"""A keyed counter-based generator: fresh timed inputs (one pass writes the candidate's and the reference's copy)
+and the seal streams of buffers.py.
 
 For a tensor drawn by torch.randn (N(0, 1)) or torch.rand (U[0, 1)) in float32, float16 or bfloat16, element i of
 the draw with a 64-bit run key is a function of (key, tensor index j, i) alone:
@@ -18,9 +19,13 @@ between. float16 / bfloat16 round the float32 value to nearest even (randn) or t
 below 1). The same distribution as the task's factory, not torch's bytes: each run's draw is independent of every
 other (a fresh secret key), and nothing a launch saw before predicts it.
 
-On CUDA it is one evaluator-owned NVRTC kernel writing both copies with vector stores (bandwidth-bound: ~2 bytes
-written per element and side, float32 4 elements per 16-byte store); elsewhere (the emulated worker) `values`, the
-numpy reference of the same formula, bit for bit (tests/test_keyed_draw.py pins both).
+On CUDA it is one evaluator-owned NVRTC kernel writing both copies with vector stores (bandwidth-bound; float32 4
+elements per 16-byte store); elsewhere (the emulated worker) `values`, the numpy reference of the same formula, bit
+for bit (tests/test_keyed_draw.py pins both).
+
+The seal stream of a 64-bit seed is the byte stream h(0), h(1), ... (little-endian; (ka, kb) = subkeys(seed, 0)):
+byte k of a tensor is XORed with byte k mod 8 of h(k div 8), so a kernel that knows the seed (closeness.py) can
+unseal any element where it reads it, and no copy of the stream ever exists on the GPU (`xor_stream`).
 """
 
 from __future__ import annotations
@@ -66,11 +71,22 @@ def _mix_np(z: np.ndarray) -> np.ndarray:
   return z ^ (z >> np.uint64(31))
 
 
-def pair_words(first: int, count: int, ka: int, kb: int) -> tuple[np.ndarray, np.ndarray]:
-  """(a, b) of pairs first .. first + count - 1, as uint32 arrays of 24-bit values."""
+def hashes(first: int, count: int, ka: int, kb: int) -> np.ndarray:
+  """h(first) .. h(first + count - 1) (module docstring), uint64."""
   p = np.arange(first, first + count, dtype=np.uint64)
   with np.errstate(over="ignore"):
-    h = _mix_np(_mix_np(p * np.uint64(_G) + np.uint64(ka)) ^ np.uint64(kb))
+    return _mix_np(_mix_np(p * np.uint64(_G) + np.uint64(ka)) ^ np.uint64(kb))
+
+
+def stream_bytes(nbytes: int, ka: int, kb: int) -> torch.Tensor:
+  """The keyed byte stream (byte k = byte k mod 8 of h(k div 8), little-endian) as a CPU uint8 tensor."""
+  h = hashes(0, -(-nbytes // 8), ka, kb).astype("<u8")
+  return torch.from_numpy(h.view(np.uint8)[:nbytes])
+
+
+def pair_words(first: int, count: int, ka: int, kb: int) -> tuple[np.ndarray, np.ndarray]:
+  """(a, b) of pairs first .. first + count - 1, as uint32 arrays of 24-bit values."""
+  h = hashes(first, count, ka, kb)
   return (h >> np.uint64(40)).astype(np.uint32), ((h >> np.uint64(8)) & np.uint64(0xFFFFFF)).astype(np.uint32)
 
 
@@ -153,17 +169,24 @@ def _horner_cuda(x2: str, coeffs) -> str:
   return acc
 
 
-# The value formula (also compiled for the host by tests/test_keyed_draw.py, against `values`).
-FORMULA = f"""
+# The keyed hash h (also in closeness.py's comparison of sealed tensors).
+HASH = f"""
 __device__ __forceinline__ unsigned long long kd_mix(unsigned long long z) {{
   z = (z ^ (z >> 30)) * {_C2}ULL;
   z = (z ^ (z >> 27)) * {_C3}ULL;
   return z ^ (z >> 31);
 }}
 
+__device__ __forceinline__ unsigned long long kd_hash(unsigned long long p, unsigned long long ka,
+                                                      unsigned long long kb) {{
+  return kd_mix(kd_mix(p * {_G}ULL + ka) ^ kb);
+}}
+"""
+# The value formula (also compiled for the host by tests/test_keyed_draw.py, against `values`).
+FORMULA = HASH + f"""
 __device__ __forceinline__ void kd_pair(unsigned long long p, unsigned long long ka, unsigned long long kb,
                                         int normal, float* lo, float* hi) {{
-  unsigned long long h = kd_mix(kd_mix(p * {_G}ULL + ka) ^ kb);
+  unsigned long long h = kd_hash(p, ka, kb);
   unsigned int a = (unsigned int)(h >> 40), b = (unsigned int)(h >> 8) & 0xFFFFFFu;
   if (!normal) {{
     *lo = __fmul_rn((float)a, {_f(_TWO_M24)});
@@ -240,10 +263,21 @@ extern "C" __global__ void keyed_draw(void* x, void* y, unsigned long long n, un
     }
   }
 }
+// dst = src XOR the keyed byte stream (`stream_bytes`): 8-byte words where both are 8-byte aligned (`words`), else
+// bytes. dst may be src.
+extern "C" __global__ void keyed_xor(const unsigned char* src, unsigned char* dst, unsigned long long nbytes,
+                                     unsigned long long ka, unsigned long long kb, int words) {
+  unsigned long long nw = words ? nbytes / 8 : 0, start = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long w = start; w < nw; w += stride)
+    ((unsigned long long*)dst)[w] = ((const unsigned long long*)src)[w] ^ kd_hash(w, ka, kb);
+  for (unsigned long long k = 8 * nw + start; k < nbytes; k += stride)
+    dst[k] = src[k] ^ (unsigned char)(kd_hash(k >> 3, ka, kb) >> (8 * (k & 7)));
+}
 """
 _THREADS = 256
 _MAX_BLOCKS = 8192
-_kernels: dict = {}  # CUDA device index -> (module, function).
+_kernels: dict = {}  # CUDA device index -> (module, {name: function}).
 
 
 def prepare(device: torch.device) -> None:
@@ -251,7 +285,7 @@ def prepare(device: torch.device) -> None:
   _function(device)
 
 
-def _function(device: torch.device):
+def _function(device: torch.device, name: str = "keyed_draw"):
   index = device.index if device.index is not None else torch.cuda.current_device()
   if index not in _kernels:
     from cupy.cuda import function  # pylint: disable=g-import-not-at-top
@@ -259,11 +293,11 @@ def _function(device: torch.device):
     major, minor = torch.cuda.get_device_capability(index)
     res = compile_mod.compile_cuda(_SOURCE, f"sm_{major}{minor}", cache_dir="")
     if not res.ok:
-      raise RuntimeError(f"the keyed input draw kernel did not compile: {res.log}")
+      raise RuntimeError(f"the keyed draw kernels did not compile: {res.log}")
     module = function.Module()
     module.load(res.cubin)
-    _kernels[index] = (module, module.get_function("keyed_draw"))
-  return _kernels[index][1]
+    _kernels[index] = (module, {n: module.get_function(n) for n in ("keyed_draw", "keyed_xor")})
+  return _kernels[index][1][name]
 
 
 def supported(factory: str, dtype: torch.dtype) -> bool:
@@ -293,15 +327,38 @@ def write(plan, key: int, pairs) -> None:
     align = 16 if x.dtype == torch.float32 else 8
     if x.data_ptr() % align or y.data_ptr() % align:
       raise ValueError(f"tensor {j}: keyed draws need {align}-byte aligned tensors")
-    _launch(x, y, n, ka, kb, factory == "randn", DTYPES[x.dtype])
+    _draw(x, y, n, ka, kb, factory == "randn", DTYPES[x.dtype])
 
 
-def _launch(x: torch.Tensor, y: torch.Tensor, n: int, ka: int, kb: int, normal: bool, dtype: int) -> None:
+def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
+  """dst = src XOR the keyed byte stream of (ka, kb) (uint8 views of equal length on one device; dst may be src).
+
+  On CUDA one pass with no copy of the stream anywhere; on the CPU the stream is zero-filled once used.
+  """
+  n = dst.numel()
+  if n == 0:
+    return
+  if dst.device.type != "cuda":
+    stream = stream_bytes(n, ka, kb)
+    torch.bitwise_xor(src, stream, out=dst)
+    stream.zero_()
+    return
+  words = src.data_ptr() % 8 == 0 and dst.data_ptr() % 8 == 0
+  _launch(_function(dst.device, "keyed_xor"), dst.device, -(-n // 8) if words else n,
+          [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(n),
+           ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(int(words))])
+
+
+def _draw(x: torch.Tensor, y: torch.Tensor, n: int, ka: int, kb: int, normal: bool, dtype: int) -> None:
+  _launch(_function(x.device), x.device, (n + 3) // 4,
+          [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(ka),
+           ctypes.c_uint64(kb), ctypes.c_int32(int(normal)), ctypes.c_int32(dtype)])
+
+
+def _launch(func, device: torch.device, items: int, keep: list) -> None:
+  """One launch of `func` on the current stream, one thread per item (grid-stride beyond _MAX_BLOCKS blocks)."""
   from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
-  func = _function(x.device)
-  keep = [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(ka),
-          ctypes.c_uint64(kb), ctypes.c_int32(int(normal)), ctypes.c_int32(dtype)]
   params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
-  blocks = max(1, min(_MAX_BLOCKS, -(-((n + 3) // 4) // _THREADS)))
-  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(x.device).cuda_stream,
+  blocks = max(1, min(_MAX_BLOCKS, -(-items // _THREADS)))
+  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(device).cuda_stream,
                       ctypes.addressof(params), 0)

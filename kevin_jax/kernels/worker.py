@@ -12,7 +12,8 @@ the cubin against the signatures (static.check_cubin), load the cubin as a fresh
                place where the evaluator owns them). The candidate then runs twice on guarded buffers (fresh
                canaries per run; poison 0xFF, then 0x5A), with a sync, a canary check after every launch, and an
                input/parameter byte check after every run; the first run's outputs are kept as a sealed copy while
-               the second runs. Both runs are compared with the reference (unsealed only now; closeness.py).
+               the second runs. Both runs are compared with the sealed reference (buffers.count_bad_sealed: each
+               element unsealed where the comparison reads it; unsealed in memory only to describe a mismatch).
   timing       see timing.py.
 
 Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
@@ -513,14 +514,16 @@ class GpuWorker:
         if run == 1:
           with clock("correctness/keep"):
             kept = [B.sealed_copy(bufs[o].tensor, seal_seed + j) for j, o in enumerate(outs)]
-      with clock("correctness/unseal"):
-        B.seal_all(kept, seal_seed)  # Unseal: the candidate is done with this trial.
-        B.seal_all(ref, ref_seed)
       tols = [B.tolerance_for(r.dtype, s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
                               info.options.get("atol"), info.options.get("rtol")) for r in ref]
-      with clock("correctness/compare"):  # Both runs of every output counted on the device, one sync.
-        counts = torch.stack([closeness.count_bad(x, ref[j], *tols[j]) for j, o in enumerate(outs)
-                              for x in (kept[j], bufs[o].tensor)]).cpu().tolist()
+      with clock("correctness/compare"):  # Both runs of every output against the sealed reference, one sync.
+        counts = torch.stack([B.count_bad_sealed(x, x_seed, ref[j], ref_seed + j, *tols[j])
+                              for j, o in enumerate(outs)
+                              for x, x_seed in ((kept[j], seal_seed + j), (bufs[o].tensor, None))]).cpu().tolist()
+      if any(counts):
+        with clock("correctness/unseal"):  # The statistics of a mismatch read the values themselves.
+          B.seal_all(kept, seal_seed)
+          B.seal_all(ref, ref_seed)
       for j, o in enumerate(outs):
         atol, rtol = tols[j]
         m1 = m2 = None
