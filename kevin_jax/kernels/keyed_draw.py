@@ -8,7 +8,7 @@ the draw with a 64-bit run key is a function of (key, tensor index j, i) alone:
                                                  finaliser; two rounds, the key in both, so no two keys give
                                                  shifted or permuted copies of one stream
   a, b      = bits 40..63 and 8..31 of h(p)       the top 24 bits of each 32-bit half
-  rand      x[2p] = a 2^-24, x[2p+1] = b 2^-24    U[0, 1) on the 2^-24 grid (what torch.rand draws in float32)
+  rand      x[2p] = a 2^-24, x[2p+1] = b 2^-24    U[0, 1) on the 2^-24 grid
   randn     Box-Muller on (u1, u2) = ((a + 1) 2^-24, b 2^-24): r = sqrt(-2 ln u1),
             x[2p] = r cos(2 pi u2), x[2p+1] = r sin(2 pi u2)   (|x| <= 5.77: u1 >= 2^-24)
 
@@ -19,8 +19,8 @@ between. float16 / bfloat16 round the float32 value to nearest even (randn) or t
 below 1). The same distribution as the task's factory, not torch's bytes: each run's draw is independent of every
 other (a fresh secret key), and nothing a launch saw before predicts it.
 
-On CUDA it is one evaluator-owned NVRTC kernel writing both copies with vector stores (bandwidth-bound; float32 4
-elements per 16-byte store); elsewhere (the emulated worker) `values`, the numpy reference of the same formula, bit
+On CUDA it is one evaluator-owned NVRTC kernel writing both copies with vector stores (float32: 4 elements per
+16-byte store; meant to be bandwidth-bound: two hashes and two Box-Mullers per 32 bytes stored); elsewhere (the emulated worker) `values`, the numpy reference of the same formula, bit
 for bit (tests/test_keyed_draw.py pins both).
 
 The seal stream of a 64-bit seed is the byte stream h(0), h(1), ... (little-endian; (ka, kb) = subkeys(seed, 0)):

@@ -103,9 +103,9 @@ class _Setup:
     self.param_hash = w.hasher(self.params, self.key) if self.params else None
     self.cand_graphs = self.ref_graphs = None
 
-  def draw(self, seed: int | None = None) -> list:
-    seed = self.w.secret.getrandbits(62) if seed is None else seed
-    return I.draw(self.state.module, "task", seed, self.w.device)
+  def draw(self) -> list:
+    """The task's get_inputs() with a secret seed."""
+    return I.draw(self.state.module, "task", self.w.secret.getrandbits(62), self.w.device)
 
   def set_inputs(self, k: int) -> list:
     """New contents for the candidate's input set k; returns the reference's arguments (module docstring, 1.)."""
