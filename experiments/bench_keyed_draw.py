@@ -10,13 +10,16 @@ second.
 """
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
-from kevin_jax.kernels import buffers as B
-from kevin_jax.kernels import closeness
-from kevin_jax.kernels import keyed_draw as KD
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kevin_jax.kernels import buffers as B  # pylint: disable=wrong-import-position
+from kevin_jax.kernels import closeness  # pylint: disable=wrong-import-position
+from kevin_jax.kernels import keyed_draw as KD  # pylint: disable=wrong-import-position
 
 
 def _ms(fn, repeats: int) -> float:
