@@ -101,11 +101,14 @@ def test_a_clock_switch_never_scores_a_faster_kernel(ev):
 
 
 def test_timed_inputs_are_fresh_draws_and_the_first_timed_run_is_checked(tmp_path):
-  """timed_inputs='fresh' (with 'auto' the choice depends on how fast this host draws a task's inputs: worker.py)."""
+  """timed_inputs='fresh' (with 'auto' the choice depends on how fast this host draws a task's inputs: worker.py);
+  row_sum's plain torch.randn input takes keyed draws, and the validated timed runs agree with the reference."""
   cfg = EvaluatorConfig(timed_inputs="fresh", compile_workers=2, spare_workers=False, cache_dir=str(tmp_path))
   with Evaluator(cfg, task_source=TASKS) as fresh_ev:
     (r,) = fresh_ev.evaluate([("row_sum", read("candidates", "row_sum.md") + "\n<!-- fresh inputs -->\n")])
   assert r.status == "correct", r.error
   t = r.details["timing"]
-  print("\ntiming details:", {k: t[k] for k in ("inputs", "input_sets", "validated", "method", "draw_ms")})
+  shown = ("inputs", "fresh_draw", "input_sets", "validated", "method", "draw_ms")
+  print("\ntiming details:", {k: t[k] for k in shown})
   assert t["inputs"] == "fresh" and t["validated"] >= 3 and t["draw_ms"] > 0
+  assert t["redraw"] == ["randn"] and t["fresh_draw"] == "keyed"  # keyed_draw.py's kernel, both sides.

@@ -10,6 +10,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels import keyed_draw as KD
 from kevin_jax.kernels import tasks
 from kevin_jax.kernels.integrity import KeyedHash
 
@@ -63,62 +64,77 @@ def test_seal_is_an_involution_and_hides_the_data():
   assert torch.equal(x, y)
 
 
+def _recording_streams(monkeypatch) -> list:
+  made, real = [], KD.stream_bytes
+  monkeypatch.setattr(KD, "stream_bytes", lambda *a: made.append(real(*a)) or made[-1])
+  return made
+
+
 @pytest.mark.parametrize("dtype,n", [(torch.float32, 1000), (torch.float16, 1001), (torch.uint8, 7)])
 def test_seal_leaves_no_copy_of_its_stream(monkeypatch, dtype, n):
-  """Every stream tensor seal draws is zero-filled once used: freed memory never holds the key to a sealed copy."""
-  made, real_empty, real_randint = [], torch.empty, torch.randint
-  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
-  monkeypatch.setattr(torch, "randint", lambda *a, **k: made.append(real_randint(*a, **k)) or made[-1])
+  """The stream seal draws on the CPU is zero-filled once used: freed memory never holds the key to a sealed copy
+  (on CUDA no copy of it exists: keyed_draw.xor_stream)."""
+  made = _recording_streams(monkeypatch)
   x = (torch.arange(n) % 251).to(dtype)
   y = x.clone()
   B.seal(y, 99)
   monkeypatch.undo()
-  assert made and sum(t.numel() * t.element_size() for t in made) == n * x.element_size()
-  assert all(int(t.count_nonzero()) == 0 for t in made)
+  assert len(made) == 1 and made[0].numel() == n * x.element_size() and int(made[0].count_nonzero()) == 0
   assert (B.bytes_of(y) != B.bytes_of(x)).float().mean() > 0.9
   B.seal(y, 99)
   assert torch.equal(B.bytes_of(y), B.bytes_of(x))
 
 
-def test_seal_in_chunks_is_the_same_involution(monkeypatch):
-  """A tensor larger than one stream chunk: sealing hides every chunk, a second seal restores the bytes, and the
-  one scratch buffer is zero at the end."""
-  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 100)
-  made, real_empty = [], torch.empty
-  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
-  x = torch.randn(1030)
-  y = x.clone()
-  B.seal(y, 5)
-  assert len(made) == 1 and made[0].numel() == 100 and int(made[0].count_nonzero()) == 0
-  for k in range(0, 1030, 100):
-    assert (y[k:k + 100] != x[k:k + 100]).float().mean() > 0.9, k
-  pad = B.bytes_of(y) ^ B.bytes_of(x)
-  assert (pad[:400] == pad[400:800]).float().mean() < 0.05  # Every chunk has its own part of the stream.
-  B.seal(y, 5)
-  assert torch.equal(y, x)
+def test_the_seal_stream_is_the_keyed_hash():
+  """Byte k of the stream of a seed is byte k mod 8 of h(k div 8) (keyed_draw.py); every position has its own."""
+  x = torch.zeros(1030, dtype=torch.uint8)
+  B.seal(x, 5)
+  words = KD.hashes(0, 129, *KD.subkeys(5, 0))
+  assert x.tolist() == [(int(words[k // 8]) >> (8 * (k % 8))) & 0xFF for k in range(1030)]
+  pad = torch.zeros(4000, dtype=torch.uint8)
+  B.seal(pad, 6)
+  assert (pad[:1000] == pad[1000:2000]).float().mean() < 0.05 and (pad[:1000] == x[:1000]).float().mean() < 0.05
 
 
 @pytest.mark.parametrize("dtype,n,offset", [(torch.float32, 1030, 0), (torch.float16, 1001, 0),
                                             (torch.uint8, 7, 0), (torch.uint8, 403, 1)])
 def test_sealed_copy_is_clone_then_seal_and_leaves_no_stream(monkeypatch, dtype, n, offset):
-  """sealed_copy (one pass) holds the same bytes as a clone sealed in place, across stream chunks and a byte tail,
-  also from a source without a word view; `seal` undoes it; its stream buffers end zero-filled; the source is
-  untouched."""
-  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 64)
+  """sealed_copy (one pass) holds the same bytes as a clone sealed in place, with a byte tail, also from a source at
+  an odd byte offset; `seal` undoes it; its stream ends zero-filled; the source is untouched."""
   base = (torch.arange(n + offset) * 37 % 251).to(dtype)
   x = base[offset:]
   expect = x.clone()
   B.seal(expect, 11)
-  made, real_empty, real_randint = [], torch.empty, torch.randint
-  monkeypatch.setattr(torch, "randint", lambda *a, **k: made.append(real_randint(*a, **k)) or made[-1])
-  monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(real_empty(*a, **k)) or made[-1])
+  made = _recording_streams(monkeypatch)
   y = B.sealed_copy(x, 11)
   monkeypatch.undo()
   assert torch.equal(B.bytes_of(y), B.bytes_of(expect)) and y.is_contiguous()
-  assert all(int(t.count_nonzero()) == 0 for t in made if t.data_ptr() != y.data_ptr())
+  assert made and all(int(t.count_nonzero()) == 0 for t in made)
   assert torch.equal(x, (torch.arange(n + offset) * 37 % 251).to(dtype)[offset:])
   B.seal(y, 11)
   assert torch.equal(B.bytes_of(y), B.bytes_of(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_count_bad_sealed_is_count_bad_of_the_unsealed_tensors(dtype):
+  """The same count as count_bad on the tensors before sealing: one sealed side or both, matches and mismatches
+  (NaN, a value just outside the tolerance); neither tensor changes."""
+  gen = torch.Generator().manual_seed(3)
+  ref = torch.randn(1001, generator=gen).to(dtype)
+  out = ref.clone()
+  out[::97] += 1.0
+  out[5] = float("nan")
+  for a in (ref, out):
+    sa, sr = a.clone(), ref.clone()
+    B.seal(sa, 21)
+    B.seal(sr, 22)
+    kept = (sa.clone(), sr.clone())
+    want = int(B.count_bad(a, ref, 1e-3, 1e-3))
+    assert int(B.count_bad_sealed(sa, 21, sr, 22, 1e-3, 1e-3)) == want
+    assert int(B.count_bad_sealed(a, None, sr, 22, 1e-3, 1e-3)) == want
+    assert int(B.count_bad_sealed(sa, 23, sr, 22, 1e-3, 1e-3)) > 0  # The wrong seed unseals to noise.
+    assert torch.equal(B.bytes_of(sa), B.bytes_of(kept[0])) and torch.equal(B.bytes_of(sr), B.bytes_of(kept[1]))
+  assert int(B.count_bad_sealed(ref, None, ref.clone(), 22, 1e-3, 1e-3)) > 0  # An unsealed ref is not the ref.
 
 
 def test_changed_is_a_byte_comparison_per_pair():
@@ -262,6 +278,8 @@ def _source_module(tmp_path, name, inputs):
     ("[torch.randn(64, 33)]", ("randn",)),
     ("[torch.rand(16, 8), torch.randn(8, 5), 3]", ("rand", "randn")),
     ("[torch.randn(40, dtype=torch.float16)]", ("randn",)),
+    ("[torch.rand(40, dtype=torch.bfloat16)]", ("rand",)),
+    ("[torch.randn(40, dtype=torch.float64)]", None),  # No keyed draw of float64.
     ("[torch.randn(100) * 2]", None),  # Not the factory's bytes.
     ("[torch.randn(100).half()]", None),  # Drawn in fp32, then rounded.
     ("[torch.randn(100), torch.randint(0, 5, (10,))]", None),
@@ -290,28 +308,57 @@ def test_trial_distributions():
 
 
 @pytest.mark.gpu
-def test_sealed_copy_and_changed_on_the_gpu(monkeypatch):
-  """On CUDA tensors (several stream chunks and a byte tail): sealed_copy == clone + seal, seal undoes it, and
-  changed() sees one flipped byte in 2^22 words."""
+def test_sealed_copy_and_changed_on_the_gpu():
+  """On CUDA tensors (words and a byte tail, and from an odd byte offset): the seal is the CPU's stream byte for
+  byte, sealed_copy == clone + seal, seal undoes it, and changed() sees one flipped byte in 2^22 words."""
   if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU")
-  monkeypatch.setattr(B, "SEAL_CHUNK_WORDS", 2**20)
-  x = torch.randn(2**22 + 3, device="cuda").to(torch.float16)  # 8 MiB + 6 bytes: 2 chunks and a 2-byte tail.
+  x = torch.randn(2**22 + 3, device="cuda").to(torch.float16)  # 8 MiB + 6 bytes: words and a 6-byte tail.
   expect = x.clone()
   B.seal(expect, 77)
+  on_cpu = x.cpu()
+  B.seal(on_cpu, 77)
+  assert torch.equal(B.bytes_of(expect.cpu()), B.bytes_of(on_cpu))
   y = B.sealed_copy(x, 77)
   assert torch.equal(B.bytes_of(y), B.bytes_of(expect))
   B.seal(y, 77)
   assert torch.equal(B.bytes_of(y), B.bytes_of(x))
+  odd = B.bytes_of(x)[3:3 + 1001]  # Not 8-byte aligned: the kernel's byte path, the same stream.
+  sealed = B.sealed_copy(odd, 8)
+  want = odd.cpu().clone()
+  B.seal(want, 8)
+  assert torch.equal(sealed.cpu(), want)
   z = x.clone()
   B.bytes_of(z)[12345] ^= 0x01
   assert B.changed([(x, x.clone()), (x, z)]) == [False, True]
 
 
 @pytest.mark.gpu
+def test_count_bad_sealed_on_the_gpu_unseals_inside_the_comparison():
+  """The fused float32 comparison of sealed tensors counts what count_bad counts on the unsealed ones (one side
+  sealed or both, odd length, over one grid stride), and leaves both sealed."""
+  if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU")
+  gen = torch.Generator(device="cuda").manual_seed(3)
+  ref = torch.randn(2**22 + 2**21 + 1, device="cuda", generator=gen)
+  out = ref.clone()
+  out[::9973] += 1.0
+  out[-1] = float("nan")
+  for a in (ref, out):
+    sa, sr = B.sealed_copy(a, 31), B.sealed_copy(ref, 32)
+    kept = (sa.clone(), sr.clone())
+    want = int(B.count_bad(a, ref, 1e-4, 1e-4))
+    assert int(B.count_bad_sealed(sa, 31, sr, 32, 1e-4, 1e-4)) == want
+    assert int(B.count_bad_sealed(a, None, sr, 32, 1e-4, 1e-4)) == want
+    assert torch.equal(B.bytes_of(sa), B.bytes_of(kept[0])) and torch.equal(B.bytes_of(sr), B.bytes_of(kept[1]))
+  assert int(B.count_bad_sealed(ref, None, B.sealed_copy(ref, 32), 33, 1e-4, 1e-4)) > 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("task, plan", [("relu_1ms", ("randn",)), ("matmul_1ms", ("randn", "randn"))])
 def test_redraw_on_the_gpu_is_the_task_draw(task, plan):
-  """The bench tasks' timed inputs take the in-place redraw on CUDA, into a view of a guarded buffer, bit for bit."""
+  """The bench tasks have a redraw plan on CUDA (their timed inputs are keyed draws): the factories give the task
+  draw bit for bit, also into a view of a guarded buffer."""
   if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU")
   mod, dev = _module(task), torch.device("cuda")

@@ -713,8 +713,8 @@ def test_a_timed_run_that_rewrites_the_references_inputs_is_caught(emu, monkeypa
   seen = []
   real = timing._Setup.set_inputs
 
-  def set_inputs(self, k, validated=True):
-    args = real(self, k, validated)
+  def set_inputs(self, k):
+    args = real(self, k)
     seen.append(args)
     return args
 
@@ -736,33 +736,39 @@ def test_a_timed_run_that_rewrites_the_references_inputs_is_caught(emu, monkeypa
   assert emu({"add": _add}, timed_inputs=mode)["status"] == "correct"
 
 
-def test_unvalidated_timed_runs_redraw_the_same_inputs_in_place(emu, monkeypatch):
-  """A task of plain torch.randn inputs gets its fresh timed inputs written in place on unvalidated runs: the
-  candidate's buffers hold exactly the reference's draw in every timed run (and the rewritten-input check passes)."""
-  seen, redraws = [], []
-  real_set, real_redraw = timing._Setup.set_inputs, timing.I.redraw
+def test_timed_runs_write_keyed_draws_into_both_sides(emu, monkeypatch):
+  """A task of plain torch.randn inputs gets its fresh timed inputs from the keyed generator, one write per run into
+  the candidate's set and the reference's one reusable set: in every timed run the candidate's buffers hold exactly
+  the reference's arguments, under a new key, sharing no values with the run before."""
+  seen, keys = [], []
+  real_set, real_write = timing._Setup.set_inputs, timing.KD.write
 
-  def set_inputs(self, k, validated=True):
-    args = real_set(self, k, validated)
+  def set_inputs(self, k):
+    args = real_set(self, k)
     seen.append(args)
     return args
 
   monkeypatch.setattr(timing._Setup, "set_inputs", set_inputs)
-  calls, differ = [], []
-  # Timed runs' redraws only (the task load checks its plan with redraws too).
-  monkeypatch.setattr(timing.I, "redraw", lambda *a: (redraws.append(len(calls) >= TRIAL_CALLS), real_redraw(*a)))
+  monkeypatch.setattr(timing.KD, "write", lambda plan, key, pairs: (keys.append(key), real_write(plan, key, pairs)))
+  calls, differ, drawn = [], [], []
 
   def checking(x, y, out, n):
     calls.append(1)
     if len(calls) > TRIAL_CALLS:
       differ.append(not (torch.equal(x.tensor, seen[-1][0]) and torch.equal(y.tensor, seen[-1][1])))
+      drawn.append(torch.cat([x.tensor, y.tensor]))
     _add(x, y, out, n)
 
   res = emu({"add": checking}, timed_inputs="fresh")
   t = res["details"]["timing"]
-  assert res["status"] == "correct" and t["redraw"] == ["randn", "randn"], res
+  assert res["status"] == "correct" and t["redraw"] == ["randn", "randn"] and t["fresh_draw"] == "keyed", res
   assert len(differ) == 23 and not any(differ)
-  assert sum(redraws) == 23 - t["validated"] > 0  # Validated runs copy the draw.
+  assert len(keys) == 23 and len(set(keys)) == 23 and all(a is seen[0] for a in seen)
+  for a, b in zip(drawn, drawn[1:]):
+    assert torch.isin(a, b).sum() < 5 and abs(float(a.mean())) < 0.2 and abs(float(a.std()) - 1) < 0.1
+  res = emu({"add": _add}, timed_inputs="fresh", source=TASK.replace("torch.randn(1000)]", "torch.randn(1000) * 2]"))
+  t = res["details"]["timing"]
+  assert res["status"] == "correct" and t["redraw"] is None and t["fresh_draw"] == "get_inputs", res
 
 
 MASKED_TASK = '''

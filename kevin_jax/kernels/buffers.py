@@ -6,8 +6,8 @@ plan (`rearm`), so no guard tells a kernel what any other guard, or the same gua
 guards are compared after every launch (out-of-bounds writes). Outputs and scratch are filled with a poison byte
 before every run: 0xFF (NaN for every float dtype) on the first run and 0x5A (a finite, unlikely value) on the
 second, so elements a kernel never writes are found either as NaN or as the exact poison value. `seal` XORs a
-buffer with a secret byte stream regenerated from a seed held only on the host, so a kept copy is useless to later
-launches.
+buffer with a secret byte stream regenerated from a seed held only on the host (keyed_draw.py's keyed hash), so a
+kept copy is useless to later launches; `count_bad_sealed` compares sealed tensors without unsealing them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import dataclasses
 
 import torch
 
+from kevin_jax.kernels import closeness
+from kevin_jax.kernels import keyed_draw as KD
 from kevin_jax.kernels.closeness import count_bad
 
 GUARD_BYTES = 64 * 1024
@@ -25,7 +27,6 @@ POISON_FINITE = 0x5A  # Second run: 1.5e16 (fp32), 203.25 (fp16), ...
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
           "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool, "int8": torch.int8,
           "int16": torch.int16}
-SEAL_CHUNK_WORDS = 16 * 2**20  # 64 MiB of seal stream at a time.
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -150,10 +151,10 @@ class BufferSet:
 
 
 def seal(t: torch.Tensor, seed: int) -> None:
-  """XORs a tensor's bytes in place with a secret stream (seed stays on the host); seal again to undo.
+  """XORs a contiguous tensor's bytes in place with a secret stream (seed stays on the host); seal again to undo.
 
-  The stream is drawn in 32-bit words (a byte tail separately), SEAL_CHUNK_WORDS at a time into one scratch
-  buffer that is zero-filled at the end, so no copy of it is left in freed memory while a candidate runs.
+  The stream is keyed_draw.py's keyed byte stream of `seed`, regenerated where it is applied: on CUDA inside one
+  pass (no copy of it in GPU memory), on the CPU zero-filled once used.
   """
   if t.numel() == 0:
     return
@@ -166,34 +167,28 @@ def sealed_copy(t: torch.Tensor, seed: int) -> torch.Tensor:
   out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
   if t.numel() == 0:
     return out
-  src = bytes_of(t.contiguous())
-  if src.storage_offset() % 4:  # No word view of the source: copy, then seal (the same stream either way).
-    out.copy_(t)
-    seal(out, seed)
-  else:
-    _xor_stream(src, bytes_of(out), seed)
+  _xor_stream(bytes_of(t.contiguous()), bytes_of(out), seed)
   return out
 
 
 def _xor_stream(src: torch.Tensor, dst: torch.Tensor, seed: int) -> None:
-  """dst = src XOR `seal`'s stream of `seed` (byte views of equal length; dst may be src). Words where dst is
-  4-byte aligned (then src must be too), a byte tail; the stream's scratch is zero-filled afterwards."""
-  gen = torch.Generator(device=dst.device)
-  gen.manual_seed(seed)
-  n4 = dst.numel() // 4 if dst.storage_offset() % 4 == 0 else 0
-  if n4:
-    src_w, dst_w = src[:4 * n4].view(torch.int32), dst[:4 * n4].view(torch.int32)
-    stream = torch.empty(min(n4, SEAL_CHUNK_WORDS), dtype=torch.int32, device=dst.device)
-    for start in range(0, n4, stream.numel()):
-      part = src_w[start:start + stream.numel()]
-      chunk = stream[:part.numel()]
-      chunk.random_(-2**31, 2**31, generator=gen)
-      torch.bitwise_xor(part, chunk, out=dst_w[start:start + part.numel()])
-    stream.zero_()
-  if dst.numel() > 4 * n4:
-    stream = torch.randint(0, 256, (dst.numel() - 4 * n4,), dtype=torch.uint8, device=dst.device, generator=gen)
-    torch.bitwise_xor(src[4 * n4:], stream, out=dst[4 * n4:])
-    stream.zero_()
+  """dst = src XOR `seal`'s stream of `seed` (byte views of equal length; dst may be src)."""
+  KD.xor_stream(src, dst, *KD.subkeys(seed, 0))
+
+
+def count_bad_sealed(out: torch.Tensor, out_seed: int | None, ref: torch.Tensor, ref_seed: int, atol: float,
+                     rtol: float) -> torch.Tensor:
+  """closeness.count_bad of `out` and `ref` as they were before `seal(., seed)` (out_seed None: out is not sealed).
+
+  Contiguous float32 tensors on CUDA are unsealed inside the comparison pass (closeness.count_bad_keyed); any other
+  through unsealed temporary copies.
+  """
+  if (ref.device.type == "cuda" and ref.dtype == out.dtype == torch.float32 and ref.shape == out.shape
+      and ref.is_contiguous() and out.is_contiguous()):
+    keys = None if out_seed is None else KD.subkeys(out_seed, 0)
+    return closeness.count_bad_keyed(out, keys, ref, KD.subkeys(ref_seed, 0), atol, rtol)
+  plain = out if out_seed is None else sealed_copy(out, out_seed)
+  return count_bad(plain, sealed_copy(ref, ref_seed), atol, rtol)
 
 
 def seal_all(tensors, seed: int) -> None:

@@ -8,6 +8,8 @@ it is one bandwidth-bound pass over both tensors (an evaluator-owned NVRTC kerne
 arithmetic, NaN/Inf tested on the bits, a warp reduction and one atomic per warp) instead of torch.isclose's dozen
 elementwise passes; elsewhere (the emulated worker) torch.isclose itself. Integer and bool outputs are compared
 exactly. The count stays on the device, so the timing loop can check outputs without a synchronisation.
+`count_bad_keyed` counts the same for float32 tensors sealed with keyed_draw.py's stream, unsealing each element
+where it reads it (the unsealed values never reach memory).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import ctypes
 
 import torch
+
+from kevin_jax.kernels import keyed_draw
 
 # The rule per element (also compiled for the host by tests/test_closeness.py, against torch.isclose).
 RULE = r"""
@@ -61,6 +65,26 @@ extern "C" __global__ void count_bad_f64(const double* __restrict__ a, const dou
   add_count(bad, count);
 }
 """
+_SEALED = keyed_draw.HASH + r"""
+// Elements 2w and 2w + 1 per step: their bytes are XORed with the low and the high half of the stream word h(w).
+extern "C" __global__ void count_bad_sealed_f32(const unsigned int* __restrict__ a, const unsigned int* __restrict__ r,
+                                                unsigned long long n, float atol, float rtol, int a_sealed,
+                                                unsigned long long ka_a, unsigned long long kb_a,
+                                                unsigned long long ka_r, unsigned long long kb_r,
+                                                unsigned long long* count) {
+  unsigned long long bad = 0;
+  for (unsigned long long w = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; 2 * w < n;
+       w += (unsigned long long)gridDim.x * blockDim.x) {
+    unsigned long long ha = a_sealed ? kd_hash(w, ka_a, kb_a) : 0ULL, hr = kd_hash(w, ka_r, kb_r);
+    for (int k = 0; k < 2 && 2 * w + k < n; ++k) {
+      unsigned long long i = 2 * w + k;
+      bad += bad_f32(__uint_as_float(a[i] ^ (unsigned int)(ha >> (32 * k))),
+                     __uint_as_float(r[i] ^ (unsigned int)(hr >> (32 * k))), atol, rtol);
+    }
+  }
+  add_count(bad, count);
+}
+"""
 _THREADS = 256
 _MAX_BLOCKS = 4096
 _kernels: dict = {}  # CUDA device index -> (module, {dtype: function}).
@@ -77,13 +101,14 @@ def _functions(device: torch.device) -> dict:
     from cupy.cuda import function  # pylint: disable=g-import-not-at-top
     from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
     major, minor = torch.cuda.get_device_capability(index)
-    res = compile_mod.compile_cuda(_SOURCE, f"sm_{major}{minor}", cache_dir="")
+    res = compile_mod.compile_cuda(_SOURCE + _SEALED, f"sm_{major}{minor}", cache_dir="")
     if not res.ok:
       raise RuntimeError(f"the output comparison kernel did not compile: {res.log}")
     module = function.Module()
     module.load(res.cubin)
     _kernels[index] = (module, {torch.float32: module.get_function("count_bad_f32"),
-                                torch.float64: module.get_function("count_bad_f64")})
+                                torch.float64: module.get_function("count_bad_f64"),
+                                "sealed_f32": module.get_function("count_bad_sealed_f32")})
   return _kernels[index][1]
 
 
@@ -107,5 +132,26 @@ def count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) ->
   params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
   blocks = min(_MAX_BLOCKS, -(-n // _THREADS))
   driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(o.device).cuda_stream,
+                      ctypes.addressof(params), 0)
+  return count
+
+
+def count_bad_keyed(out: torch.Tensor, out_keys: tuple[int, int] | None, ref: torch.Tensor,
+                    ref_keys: tuple[int, int], atol: float, rtol: float) -> torch.Tensor:
+  """`count_bad` of contiguous CUDA float32 tensors sealed with keyed_draw's stream of the given (ka, kb) keys
+  (out_keys None: out is not sealed), as a 0-d int64 tensor on their device."""
+  count = torch.zeros((), dtype=torch.int64, device=out.device)
+  n = out.numel()
+  if n == 0:
+    return count
+  from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
+  func = _functions(out.device)["sealed_f32"]
+  ka_a, kb_a = out_keys or (0, 0)
+  keep = [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(ref.data_ptr()), ctypes.c_uint64(n), ctypes.c_float(atol),
+          ctypes.c_float(rtol), ctypes.c_int32(out_keys is not None), ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a),
+          ctypes.c_uint64(ref_keys[0]), ctypes.c_uint64(ref_keys[1]), ctypes.c_uint64(count.data_ptr())]
+  params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
+  blocks = min(_MAX_BLOCKS, -(-((n + 1) // 2) // _THREADS))
+  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(out.device).cuda_stream,
                       ctypes.addressof(params), 0)
   return count

@@ -11,10 +11,13 @@ largest of three phases that never overlap (each frees its tensors before the ne
   correctness, reference   3 I + 3 O + W   candidate buffers (I + O), the trial's draw, the reference's copy of it,
                                            the reference outputs and their sealed copy
   correctness, comparison  2 I + 5 O       candidate buffers, the draw, the sealed reference and first-run outputs,
-                                           a mismatch's statistics (two temporaries as large as the output)
-  timing                   3 S I + 2 O + W  S candidate input sets, S rescaled base sets and S reference copies (a
-                                           fresh draw, plus CUDA-graph copies, needs less), candidate outputs, one
-                                           reference output at a time (one stream: freed blocks are reused in order)
+                                           a mismatch's statistics (two temporaries as large as the output; so are
+                                           the unsealed copies a non-float32 output's comparison makes)
+  timing                   3 S I + 2 O + W  S candidate input sets, S rescaled base sets and S reference copies
+                                           (fresh draws need less: keyed draws S + 1 sets, S + 1 + S with CUDA
+                                           graphs; get_inputs() draws S + 1 and the next run's), candidate outputs,
+                                           one reference output at a time (one stream: freed blocks are reused in
+                                           order)
 
 A task is skipped as a whole (`task_too_large`, an evaluator-side verdict, never the candidate's) when this exceeds
 `task_memory_fraction` x the GPU's free memory.

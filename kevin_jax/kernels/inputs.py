@@ -11,9 +11,12 @@ floating-point tensors of a fresh `get_inputs()` draw (integer/bool tensors and 
   shifted  N(1, 2^2)
   shrunk   the task's own draw times U(0, 1] elementwise (keeps signs, zeros and any interval containing 0)
 
-A redraw (`redraw_plan`, `redraw`) writes a task draw straight into existing buffers, for tasks whose get_inputs()
-returns tensors made by torch.randn / torch.rand alone, in order: the same factories on the same seed give the same
-bytes (checked bit for bit per task on two seeds), so the timed runs' fresh inputs cost a write instead of a copy.
+A redraw plan (`redraw_plan`) names, per tensor, the factory of a task whose get_inputs() returns float32, float16 or
+bfloat16 tensors made by torch.randn / torch.rand alone, in order: established by the same factories on the same
+seed giving the same bytes (`redraw`, checked bit for bit per task on two seeds). The timed runs then draw that
+distribution with keyed_draw.py's generator (N(0, 1) / U[0, 1) in the tensor's dtype, written into the candidate's
+and the reference's buffers in one pass): the task's distribution, not torch's bytes; each run independent and
+unpredictable (a fresh secret key), nothing a launch saw before.
 
 A tensor whose task draw has >= 1% exact zeros is treated as structured (e.g. triangular): it gets `shrunk`
 instead of a replacement, so its zero pattern survives. When the reference output on a non-task draw is not
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from kevin_jax.kernels import buffers as B
+from kevin_jax.kernels import keyed_draw as KD
 from kevin_jax.kernels.taskinfo import DISTRIBUTIONS  # pylint: disable=unused-import  # Re-exported.
 
 STRUCTURED_ZERO_FRACTION = 0.01
@@ -48,7 +52,7 @@ def draw(module, dist: str, seed: int, device: torch.device) -> list:
   return [_transform(x, dist, gen) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
 
 
-REDRAW_FACTORIES = ("randn", "rand")
+REDRAW_FACTORIES = KD.FACTORIES
 REDRAW_CHECK_SEEDS = (0x5EED0, 0x5EED1)
 
 
@@ -60,11 +64,11 @@ def redraw(plan, seed: int, outs) -> None:
 
 
 def redraw_plan(module, device: torch.device) -> tuple | None:
-  """Factories that redraw the task's tensor inputs bit for bit (module docstring), or None when none do."""
+  """Factories that redraw the task's float32/16/bf16 tensor inputs bit for bit (module docstring), or None."""
   plan = []
   for seed in REDRAW_CHECK_SEEDS:
     xs = [x for x in draw(module, "task", seed, device) if isinstance(x, torch.Tensor)]
-    if not xs or any(not x.is_floating_point() for x in xs):
+    if not xs or any(x.dtype not in KD.DTYPES for x in xs):
       return None
     while len(plan) < len(xs):  # The factory of the next tensor, given those before it (first seed only).
       j = len(plan)

@@ -1,14 +1,17 @@
 """Timing protocol (evaluator-anchors.md §4.3), identical for the reference and the candidate, with its checks.
 
 Per iteration (warm-up iterations first, untimed):
-  1. fresh inputs: an independent draw of the task's inputs with a secret seed, copied into the candidate's input
-     buffers of set k = i mod G (G >= 2 sets, so pointers rotate too), or on unvalidated runs of a task whose inputs
-     are plain torch.randn / torch.rand tensors written there by the same factories on the same seed (inputs.redraw:
-     the same bytes, checked per task; `details.timing.redraw`); the reference gets the draw itself. No launch
-     ever sees contents it, or anything derived from them, saw before, so a result memoised per pointer or content
-     (and rescaled) or work batched ahead for later calls is wrong. A task whose draw is too slow for every run
-     (worker.FRESH_DRAW_MS) falls back to G drawn sets, each multiplied by a fresh secret factor in [0.8, 1];
-     `details.timing.inputs` says which;
+  1. fresh inputs: an independent, unpredictable draw of the task's input distribution in the candidate's input
+     buffers of set k = i mod G (G >= 2 sets, so pointers rotate too) and, the same bytes, in the reference's. A task
+     whose inputs are float32/16/bf16 torch.randn / torch.rand tensors (inputs.redraw_plan, checked at load;
+     `details.timing.redraw` names the factories) gets N(0, 1) / U[0, 1) from keyed_draw.py's generator with a fresh
+     secret 64-bit key, written into both in one pass (into one reusable reference set; with CUDA graphs, set k's):
+     the task's distribution, not torch's bytes. Any other task gets get_inputs() reseeded with a secret seed,
+     copied into the candidate's set, the draw itself going to the reference. `details.timing.fresh_draw` says
+     which ('keyed' | 'get_inputs'). No launch ever sees contents it, or anything derived from them, saw before,
+     so a result memoised per pointer or content (and rescaled) or work batched ahead for later calls is wrong. A
+     task whose get_inputs() draw is too slow for every run (worker.FRESH_DRAW_MS) falls back to G drawn sets,
+     each multiplied by a fresh secret factor in [0.8, 1]; `details.timing.inputs` says which;
   2. candidate outputs and scratch are poisoned (NaN);
   3. L2 flush (a >= 2 x L2 write), CUDA events around the candidate's launches;
   4. L2 flush, CUDA events around the reference forward (skipped in 'cached' reference mode unless validating);
@@ -43,6 +46,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
+from kevin_jax.kernels import keyed_draw as KD
 from kevin_jax.kernels.closeness import count_bad
 
 
@@ -83,6 +87,11 @@ class _Setup:
       self.cand_in.append(row)
     self.base = None if self.fresh else [self.draw() for _ in range(self.n_sets)]
     self.ref_in = None if self.fresh else [[_clone(x) for x in base] for base in self.base]
+    # Keyed draws: the reference's one reusable set (new contiguous tensors of a draw's shapes, written every run;
+    # the draw's scalars kept).
+    self.ref_keyed = None if self.redraw is None else [
+        torch.empty(x.shape, dtype=x.dtype, device=x.device) if isinstance(x, torch.Tensor) else x
+        for x in self.draw()]
     self.outs = [f"out{j}" for j in range(len(info.outputs))]
     self.fill = self.outs + [name for name, _, _, zero in bound.scratch if not zero]
     self.zeros = [name for name, _, _, zero in bound.scratch if zero]
@@ -94,25 +103,22 @@ class _Setup:
     self.param_hash = w.hasher(self.params, self.key) if self.params else None
     self.cand_graphs = self.ref_graphs = None
 
-  def draw(self, seed: int | None = None) -> list:
-    seed = self.w.secret.getrandbits(62) if seed is None else seed
-    return I.draw(self.state.module, "task", seed, self.w.device)
+  def draw(self) -> list:
+    """The task's get_inputs() with a secret seed."""
+    return I.draw(self.state.module, "task", self.w.secret.getrandbits(62), self.w.device)
 
-  def set_inputs(self, k: int, validated: bool = True) -> list:
-    """New contents for the candidate's input set k; returns the reference's arguments (module docstring).
-
-    A fresh draw reaches the candidate's buffers as a copy on validated runs and, where the task has a redraw plan,
-    as the same draw written in place (inputs.redraw) on the others (the same bytes, one pass fewer).
-    """
+  def set_inputs(self, k: int) -> list:
+    """New contents for the candidate's input set k; returns the reference's arguments (module docstring, 1.)."""
+    if self.redraw is not None:
+      ref = self.ref_in[k] if self.ref_graphs is not None else self.ref_keyed
+      KD.write(self.redraw, self.w.secret.getrandbits(64),
+               zip(self.cand_in[k], [x for x in ref if isinstance(x, torch.Tensor)]))
+      return ref
     if self.fresh:
-      seed = self.w.secret.getrandbits(62)
-      args = self.draw(seed)
+      args = self.draw()
       tensors = [x for x in args if isinstance(x, torch.Tensor)]
-      if self.redraw is not None and not validated:
-        I.redraw(self.redraw, seed, self.cand_in[k])
-      else:
-        for c, x in zip(self.cand_in[k], tensors):
-          c.copy_(x)
+      for c, x in zip(self.cand_in[k], tensors):
+        c.copy_(x)
       if self.ref_graphs is None:
         return args
       for r, x in zip([x for x in self.ref_in[k] if isinstance(x, torch.Tensor)], tensors):
@@ -201,7 +207,7 @@ def _pass(su: _Setup, n_runs: int, warmup: int, validate_all: bool, time_ref: bo
     validate[i] = validate[i] or last
     k = i % su.n_sets
     with clock("timing/draw"):
-      ref_args = su.set_inputs(k, validate[i])
+      ref_args = su.set_inputs(k)
     if validate[i]:
       with clock("timing/integrity"):
         before = su.integrity(k)
@@ -307,6 +313,7 @@ def measure(w, state, bound, mod, bufs, deadline_s: float, job: dict, res: dict)
     p = _pass(su, int(s["timing_runs"]), int(s["warmup_runs"]), False, time_ref, deadline_s)
   info = {"method": method, "input_sets": su.n_sets, "inputs": "fresh" if su.fresh else "rescaled",
           "redraw": list(su.redraw) if su.redraw is not None else None,
+          "fresh_draw": ("keyed" if su.redraw is not None else "get_inputs") if su.fresh else None,
           "draw_ms": round(float(state.draw_ms), 3),
           "flush_bytes": w.flush.numel(), "validated": p["validated"], "budget_stop": p["budget_stop"]}
 

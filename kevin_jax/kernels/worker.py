@@ -12,7 +12,8 @@ the cubin against the signatures (static.check_cubin), load the cubin as a fresh
                place where the evaluator owns them). The candidate then runs twice on guarded buffers (fresh
                canaries per run; poison 0xFF, then 0x5A), with a sync, a canary check after every launch, and an
                input/parameter byte check after every run; the first run's outputs are kept as a sealed copy while
-               the second runs. Both runs are compared with the reference (unsealed only now; closeness.py).
+               the second runs. Both runs are compared with the sealed reference (buffers.count_bad_sealed: each
+               element unsealed where the comparison reads it; unsealed in memory only to describe a mismatch).
   timing       see timing.py.
 
 Any fault that leaves the CUDA context unusable (illegal address, trap, hang, the budget overrun while a kernel
@@ -33,7 +34,7 @@ import torch
 
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import inputs as I
-from kevin_jax.kernels import closeness, footprint, static, tasks, timing
+from kevin_jax.kernels import closeness, footprint, keyed_draw, static, tasks, timing
 from kevin_jax.kernels.candidate import FormatError
 from kevin_jax.kernels.cubin import read_cubin
 from kevin_jax.kernels.integrity import KeyedHash
@@ -84,7 +85,7 @@ class TaskState:
   ref_ms_rough: float
   fresh_inputs: bool  # Timed inputs drawn afresh every run (False: rescaled sets; timed_inputs and draw_ms decide).
   draw_ms: float  # The fastest of three draws of the task's inputs, host to GPU, ms.
-  redraw: tuple | None = None  # inputs.redraw_plan of a task with fresh timed inputs (None: copies only).
+  redraw: tuple | None = None  # inputs.redraw_plan of a task with fresh timed inputs (None: get_inputs() copies).
   checked: tuple = ()  # What param_hash covers: the parameters and the buffers the reference's forward leaves alone.
 
 
@@ -130,6 +131,7 @@ class GpuWorker:
     self.secret = random.Random(seed) if seed is not None and seed >= 0 else random.SystemRandom()
     self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
     closeness.prepare(self.device)
+    keyed_draw.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
     self.last_task = None  # (task id, path) of the evaluation before: the allocator cache holds its sizes.
     self.clock = PhaseClock()  # The evaluation in progress's phase times (details.breakdown); new per run.
@@ -512,14 +514,16 @@ class GpuWorker:
         if run == 1:
           with clock("correctness/keep"):
             kept = [B.sealed_copy(bufs[o].tensor, seal_seed + j) for j, o in enumerate(outs)]
-      with clock("correctness/unseal"):
-        B.seal_all(kept, seal_seed)  # Unseal: the candidate is done with this trial.
-        B.seal_all(ref, ref_seed)
       tols = [B.tolerance_for(r.dtype, s["atol"], s["rtol"], s["half_atol"], s["half_rtol"],
                               info.options.get("atol"), info.options.get("rtol")) for r in ref]
-      with clock("correctness/compare"):  # Both runs of every output counted on the device, one sync.
-        counts = torch.stack([closeness.count_bad(x, ref[j], *tols[j]) for j, o in enumerate(outs)
-                              for x in (kept[j], bufs[o].tensor)]).cpu().tolist()
+      with clock("correctness/compare"):  # Both runs of every output against the sealed reference, one sync.
+        counts = torch.stack([B.count_bad_sealed(x, x_seed, ref[j], ref_seed + j, *tols[j])
+                              for j, o in enumerate(outs)
+                              for x, x_seed in ((kept[j], seal_seed + j), (bufs[o].tensor, None))]).cpu().tolist()
+      if any(counts):
+        with clock("correctness/unseal"):  # The statistics of a mismatch read the values themselves.
+          B.seal_all(kept, seal_seed)
+          B.seal_all(ref, ref_seed)
       for j, o in enumerate(outs):
         atol, rtol = tols[j]
         m1 = m2 = None
