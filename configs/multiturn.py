@@ -35,6 +35,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   H200 (BENCHMARKS.md "Main job").
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
+  c.compilation_cache_dir = "~/.cache/kevin_jax/jax"  # JAX's persistent compilation cache: a job's learner step,
+  #   sampler loops and SFT buckets compiled by an earlier process with the same programs are read back, not
+  #   compiled again ('' = off; JAX_COMPILATION_CACHE_DIR in the environment wins). Trusted: never share it with
+  #   users who can write to it.
+  c.compilation_cache_min_compile_s = 1.0  # Programs that compiled faster than this, seconds, are not written.
   c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is
   #   measured (a resumed run, or evaluation.in_training_first=False); 0 = none.
 
