@@ -190,7 +190,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.profile_phases = False  # CUDA events around each phase of an evaluation: details.breakdown.gpu_ms
   #   (the host wall-clock split, details.breakdown.host_ms, is always there; kernels/phases.py).
   c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
-  c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
+  c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs, task-hygiene records and the
+  #   warm start's token cache (tokens/: policy/token_cache.py) ('' = ~/.cache/kevin_jax/evaluator).
   c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).
   c.evaluator.seed = -1  # Input-draw seed (-1 = secret, fresh per evaluation; >= 0 only for debugging).
   c.evaluator.nvrtc_pch = True  # NVRTC automatic precompiled headers in compile workers (NVRTC >= 12.8).

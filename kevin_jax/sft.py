@@ -7,6 +7,8 @@ Trains config.policy (the embedded 'small' preset with the bundled tokenizer and
 config.init_from / policy.checkpoint) with token-level cross-entropy on the response tokens of a JSONL corpus
 (kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the corpus of the task source, or of
 sft.corpus_sources, built by kevin_jax/data/export_corpus.py).
+Token ids of the corpus's prompts and responses come from the tokenizer's token cache under the evaluator's cache
+root when an earlier job encoded them (kevin_jax/policy/token_cache.py: the same ids, encoded once per machine).
 The step (kevin_jax/rl/sft_step.py) reuses the GRPO learner's state layout, shardings, master weights and
 chunked log-probs, jitted once per (batch, length bucket).
 
