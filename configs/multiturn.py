@@ -35,6 +35,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   #   H200 (BENCHMARKS.md "Main job").
   c.time_budget_s = 0.0  # Wall-clock budget of mode=train, seconds (0 = none): stops before a step that would
   #   leave no time for the closing evaluation, then evaluates and checkpoints the last step (kevin_jax/train.py).
+  c.compilation_cache_dir = "~/.cache/kevin_jax/jax"  # JAX's persistent compilation cache: a job's learner step,
+  #   sampler loops and SFT buckets compiled by an earlier process with the same programs are read back, not
+  #   compiled again ('' = off; JAX_COMPILATION_CACHE_DIR in the environment wins). Trusted: never share it with
+  #   users who can write to it.
+  c.compilation_cache_min_compile_s = 1.0  # Programs that compiled faster than this, seconds, are not written.
   c.time_budget_eval_s = 0.0  # Estimate of one in-training evaluation, seconds, used by time_budget_s until one is
   #   measured (a resumed run, or evaluation.in_training_first=False); 0 = none.
 
@@ -185,7 +190,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.evaluator.profile_phases = False  # CUDA events around each phase of an evaluation: details.breakdown.gpu_ms
   #   (the host wall-clock split, details.breakdown.host_ms, is always there; kernels/phases.py).
   c.evaluator.flush_bytes = 0  # L2 flush buffer, bytes (0 = max(2 x L2, 256 MiB)).
-  c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs ('' = ~/.cache/kevin_jax/evaluator).
+  c.evaluator.cache_dir = ""  # NVRTC cubin cache, reference-time cache, worker logs, task-hygiene records and the
+  #   warm start's token cache (tokens/: policy/token_cache.py) ('' = ~/.cache/kevin_jax/evaluator).
   c.evaluator.arch = ""  # Cubin target, e.g. 'sm_90' ('' = the GPU's own; sm_90 for compile-only checks).
   c.evaluator.seed = -1  # Input-draw seed (-1 = secret, fresh per evaluation; >= 0 only for debugging).
   c.evaluator.nvrtc_pch = True  # NVRTC automatic precompiled headers in compile workers (NVRTC >= 12.8).

@@ -57,8 +57,9 @@ def main(argv):
   check_environment(config)
   runtime.set_xla_gpu_flags(config.policy.triton_gemm)  # Before JAX's backend starts.
   runtime.place_jax_beside_evaluator(config)
+  cache = runtime.enable_compilation_cache(config)  # Before the first jit.
   logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
-  logging.info("mode=%s workdir=%s", config.mode, workdir)
+  logging.info("mode=%s workdir=%s compilation cache=%s", config.mode, workdir, cache or "off")
   importlib.import_module(_JOBS[config.mode]).run(config, workdir)
 
 

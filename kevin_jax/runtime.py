@@ -52,6 +52,19 @@ def set_xla_gpu_flags(triton_gemm: bool) -> None:
     os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_enable_triton_gemm=false").strip()
 
 
+def enable_compilation_cache(config) -> str:
+  """Turns on JAX's persistent compilation cache (config.compilation_cache_dir; the environment's
+  JAX_COMPILATION_CACHE_DIR wins) with config.compilation_cache_min_compile_s as the smallest compile time written;
+  call before the first jit. Returns the directory in use ('' = off)."""
+  path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or config.compilation_cache_dir
+  if not path:
+    return ""
+  path = os.path.abspath(os.path.expanduser(path))
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", float(config.compilation_cache_min_compile_s))
+  return path
+
+
 def place_jax_beside_evaluator(config) -> None:
   """Keeps JAX and the evaluator workers from fighting over GPU memory; call before JAX's backend starts.
 

@@ -7,6 +7,8 @@ Trains config.policy (the embedded 'small' preset with the bundled tokenizer and
 config.init_from / policy.checkpoint) with token-level cross-entropy on the response tokens of a JSONL corpus
 (kevin_jax/rl/sft_data.py: format, tokenization, splits, batch order; '' = the corpus of the task source, or of
 sft.corpus_sources, built by kevin_jax/data/export_corpus.py).
+Token ids of the corpus's prompts and responses come from the tokenizer's token cache under the evaluator's cache
+root when an earlier job encoded them (kevin_jax/policy/token_cache.py: the same ids, encoded once per machine).
 The step (kevin_jax/rl/sft_step.py) reuses the GRPO learner's state layout, shardings, master weights and
 chunked log-probs, jitted once per (batch, length bucket).
 
@@ -35,6 +37,8 @@ from absl import logging
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import metrics as metrics_lib
 from kevin_jax import runtime
+from kevin_jax import task_hygiene
+from kevin_jax.policy.token_cache import TokenCache
 from kevin_jax.rl import grpo
 from kevin_jax.rl import prompts
 from kevin_jax.rl import sft_data
@@ -59,14 +63,24 @@ def _test_task_ids(config) -> set[str]:
     return set()
 
 
+def token_cache_path(config, tokenizer) -> str | None:
+  """The tokenizer's persistent token cache (policy/token_cache.py) under the evaluator's cache root; None for a
+  tokenizer without a fingerprint."""
+  if not tokenizer.fingerprint:
+    return None
+  return os.path.join(task_hygiene.cache_root(config), "tokens", f"{tokenizer.fingerprint[:32]}.npz")
+
+
 def load_data(config, tokenizer) -> Data:
   """Reads (or builds) the corpus, tokenizes it within sft.max_seq_len and splits it; clear errors."""
   s = config.sft
+  cache = TokenCache(tokenizer, token_cache_path(config, tokenizer))
   try:
     if s.corpus:
       records, source = sft_data.read_corpus(s.corpus), s.corpus
     else:
-      fit = sft_data.rollout_fit(tokenizer, int(config.rollout.max_context_tokens)) if s.fit_prompts else None
+      fit = (sft_data.rollout_fit(tokenizer, int(config.rollout.max_context_tokens), cache) if s.fit_prompts
+             else None)
       names = tuple(s.corpus_sources) or (config.tasks.source,)
       try:
         records = [r for src, ids in sft_data.corpus_tasks(config)
@@ -82,7 +96,9 @@ def load_data(config, tokenizer) -> Data:
             "(--config.sft.corpus=FILE.jsonl)")
   except sft_data.CorpusError as e:
     raise SystemExit(f"error: {e}") from e
-  examples, st = sft_data.tokenize(records, tokenizer, max_seq_len=s.max_seq_len, truncate=s.truncate)
+  examples, st = sft_data.tokenize(records, tokenizer, max_seq_len=s.max_seq_len, truncate=s.truncate, cache=cache)
+  logging.info("sft corpus: %d texts newly tokenized (token cache: %s)", cache.new, cache.path or "in memory")
+  cache.save()
   if not examples:
     raise SystemExit(f"error: all {st.records} corpus examples are longer than sft.max_seq_len = {s.max_seq_len} "
                      f"tokens (prompt + response + end-of-turn; the longest has {st.longest}). Raise "

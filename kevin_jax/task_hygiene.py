@@ -35,10 +35,15 @@ def enabled(config, source: str) -> bool:
   return not builtin and tasks_lib.world_splits(source) is None
 
 
-def cache_dir(config) -> str:
+def cache_root(config) -> str:
+  """evaluator.cache_dir, or ~/.cache/kevin_jax/evaluator (XDG_CACHE_HOME): where job-independent records live."""
   base = config.evaluator.cache_dir or os.path.join(
       os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "kevin_jax", "evaluator")
-  return os.path.join(os.path.abspath(base), "hygiene")
+  return os.path.abspath(base)
+
+
+def cache_dir(config) -> str:
+  return os.path.join(cache_root(config), "hygiene")
 
 
 def _settings(config) -> dict:

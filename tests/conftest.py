@@ -6,7 +6,9 @@
   level 1 compiles them ~20 % faster with no measurable change in how fast they run (a tiny policy's learner step).
 - On the CPU, one persistent XLA compilation cache per test run (JAX_COMPILATION_CACHE_DIR, if set, wins): the
   many jobs that build the same learner and sampler (a new jit object each, so JAX's in-memory cache misses)
-  compile them once.
+  compile them once. The directory is exported as JAX_COMPILATION_CACHE_DIR, so jobs that tests start as
+  processes (`python -m kevin_jax.main`, whose config.compilation_cache_dir defaults to a user-level directory)
+  use this run's cache, on any platform, instead of the user's.
 - jax_numpy_rank_promotion="raise": implicit rank broadcasting is a bug in our code.
 - `gpu` marker: skipped unless a CUDA GPU answers (checked through the driver, without torch/JAX/CuPy).
 - `slow` marker: deselected by pytest.ini's `-m "not slow"`; `python -m pytest -q -m slow` runs them.
@@ -37,10 +39,12 @@ def pytest_configure(config):
   del config
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_numpy_rank_promotion", "raise")
-  if os.environ["JAX_PLATFORMS"] == "cpu" and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     cache = tempfile.mkdtemp(prefix="kevin_jax_xla_cache_")
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
-    jax.config.update("jax_compilation_cache_dir", cache)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache  # For the jobs tests start as processes.
+    if os.environ["JAX_PLATFORMS"] == "cpu":
+      jax.config.update("jax_compilation_cache_dir", cache)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -191,3 +191,31 @@ def test_corpus_errors(tmp_path):
   (tmp_path / "bad3.jsonl").write_text("{not json\n")
   with pytest.raises(D.CorpusError, match=r"bad3.jsonl:1: not JSON"):
     D.read_corpus(str(tmp_path / "bad3.jsonl"))
+
+
+def test_warm_start_corpus_from_the_token_cache_equals_the_fresh_one(tmp_path):
+  """sft.load_data: a second process (a fresh tokenizer object) reads every prompt and response from the token cache
+  under evaluator.cache_dir and builds the same examples, splits and digest as a run without a persistent cache."""
+  from configs import sft as sft_config  # pylint: disable=g-import-not-at-top
+  from kevin_jax import sft  # pylint: disable=g-import-not-at-top
+  c = sft_config.get_config("runlocal")
+  c.evaluator.cache_dir = str(tmp_path / "cache")
+  c.sft.corpus_kinds = export_corpus.KINDS  # Later turns too: their prompts are counted and fitted first.
+  c.rollout.max_context_tokens = 1536
+  fresh = load_tokenizer()
+  fresh.fingerprint = None  # In memory only: each text encoded as before the cache existed.
+  want = sft.load_data(c, fresh)
+  assert not (tmp_path / "cache").exists()
+  cold = sft.load_data(c, load_tokenizer())
+  files = os.listdir(tmp_path / "cache" / "tokens")
+  assert len(files) == 1 and files[0].endswith(".npz")
+  warm_tok = load_tokenizer()
+  calls = []
+  encode_batch = warm_tok.encode_batch
+  warm_tok.encode_batch = lambda texts: calls.append(len(texts)) or encode_batch(texts)
+  warm = sft.load_data(c, warm_tok)
+  assert calls == []
+  for got in (cold, warm):
+    assert got.digest == want.digest and got.summary == want.summary
+    assert (got.train, got.evals, got.heldout_tasks) == (want.train, want.evals, want.heldout_tasks)
+  assert want.summary["records"] > 200 and want.summary["prompts_fitted"] > 100

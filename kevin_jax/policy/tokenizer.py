@@ -10,6 +10,7 @@ Chat templates are the checkpoint's own jinja2 template, rendered by transformer
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Sequence
@@ -28,10 +29,13 @@ class Tokenizer:
       checkpoint's generation_config.json eos_token_id entries), sorted.
     pad_id: the padding id (pad token, else the first eos id).
     vocab_size: number of token ids the tokenizer can produce (may be below the model's vocab_size).
+    fingerprint: sha256 of the tokenizer's files and library versions (load_tokenizer), what a cache of its
+      encodings is keyed by; None when unknown (no persistent cache).
   """
 
-  def __init__(self, hf: Any, extra_eos_ids: Sequence[int] = ()):
+  def __init__(self, hf: Any, extra_eos_ids: Sequence[int] = (), fingerprint: str | None = None):
     self.hf = hf
+    self.fingerprint = fingerprint
     eos = set(int(i) for i in extra_eos_ids)
     if hf.eos_token_id is not None:
       eos.add(int(hf.eos_token_id))
@@ -46,6 +50,12 @@ class Tokenizer:
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without any added BOS/EOS."""
     return list(self.hf.encode(text, add_special_tokens=False))
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` of each text, in one call (a fast tokenizer encodes the batch on several threads)."""
+    if not texts:
+      return []
+    return [list(ids) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens,
@@ -80,4 +90,21 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
     with open(gen_cfg) as fh:
       eos = json.load(fh).get("eos_token_id")
     extra = [eos] if isinstance(eos, int) else list(eos or [])
-  return Tokenizer(hf, extra)
+  return Tokenizer(hf, extra, fingerprint=_fingerprint(path, type(hf).__name__))
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+                    "special_tokens_map.json", "added_tokens.json", "generation_config.json")
+
+
+def _fingerprint(path: str, cls: str) -> str:
+  """sha256 over the directory's tokenizer files and the libraries that read them."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256(f"{cls}|{transformers.__version__}|{tokenizers.__version__}".encode())
+  for name in _TOKENIZER_FILES:
+    f = os.path.join(path, name)
+    if os.path.isfile(f):
+      with open(f, "rb") as fh:
+        h.update(name.encode() + b"\0" + hashlib.sha256(fh.read()).digest())
+  return h.hexdigest()

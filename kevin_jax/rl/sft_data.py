@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from kevin_jax.policy.token_cache import TokenCache
 from kevin_jax.rl import prompts
 from kevin_jax.rl.sft_step import SFTBatch
 
@@ -148,17 +149,22 @@ def warm_start_texts(config, test_task_ids: Iterable[str] = ()) -> list[str]:
   return [prompts.parse_response(r["response"]).candidate_text for r in records]
 
 
-def rollout_fit(tokenizer, max_context_tokens: int):
+def rollout_fit(tokenizer, max_context_tokens: int, cache: TokenCache | None = None):
   """The rollout's prompt builder as an export_corpus.Fit: rl/prompts.fit_messages within `max_context_tokens`,
   counted as the sampler is given the prompt (oldest earlier attempts dropped first). Warm-start examples built
-  with it show the policy the prompts RL will show it, rather than prompts longer than any rollout's."""
+  with it show the policy the prompts RL will show it, rather than prompts longer than any rollout's. A prompt
+  without earlier attempts has nothing to drop and is not counted; `cache` (shared with `tokenize`) keeps the
+  counted prompts' ids."""
   if max_context_tokens <= 0:
     raise ValueError(f"max_context_tokens must be positive, got {max_context_tokens}")
+  cache = TokenCache(tokenizer) if cache is None else cache
 
   def count(messages) -> int:
-    return len(tokenizer.encode_chat(messages, add_generation_prompt=True))
+    return len(cache.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
 
   def fit(task_source, attempts):
+    if not attempts:  # fit_messages would return the bare task whatever its length.
+      return prompts.build_messages(task_source), 0
     return prompts.fit_messages(task_source, attempts, count, max_context_tokens)
   return fit
 
@@ -188,14 +194,19 @@ class TokenizeStats:
 
 
 def tokenize(records: Iterable[dict[str, Any]], tokenizer, *, max_seq_len: int,
-             truncate: bool) -> tuple[list[Example], TokenizeStats]:
-  """Examples of at most max_seq_len tokens; over-long ones are dropped (or their responses cut: truncate)."""
+             truncate: bool, cache: TokenCache | None = None) -> tuple[list[Example], TokenizeStats]:
+  """Examples of at most max_seq_len tokens; over-long ones are dropped (or their responses cut: truncate).
+  Each distinct prompt and response is encoded once, through `cache` (default: an in-memory one)."""
   eot = end_of_turn_id(tokenizer)
+  records = list(records)
+  cache = TokenCache(tokenizer) if cache is None else cache
+  prompt_texts = [tokenizer.apply_chat_template(rec["messages"], add_generation_prompt=True) for rec in records]
+  ids = cache.encode_many(prompt_texts + [rec["response"] for rec in records])
   out, st = [], TokenizeStats()
-  for rec in records:
+  for i, rec in enumerate(records):
     st.records += 1
-    p = tuple(tokenizer.encode_chat(rec["messages"], add_generation_prompt=True))
-    r = tuple(tokenizer.encode(rec["response"])) + (eot,)
+    p = ids[i]
+    r = ids[len(records) + i] + (eot,)
     st.longest = max(st.longest, len(p) + len(r))
     if len(p) + len(r) > max_seq_len:
       if not truncate or len(p) >= max_seq_len:

@@ -18,6 +18,7 @@ held-out pair and at least one held-out size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import random
@@ -92,9 +93,10 @@ class Spec:
     blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
-  @property
+  @functools.cached_property
   def name(self) -> str:
-    """Stable file/task name: the ops and a digest of the whole spec (never the split)."""
+    """Stable file/task name: the ops and a digest of the whole spec (never the split). Cached: the corpus build
+    asks for a task's id thousands of times, and the digest serialises the whole spec."""
     short = {"mul_scalar": "scale", "add_scalar": "shift", "add_channel": "chbias", "mul_channel": "chgain",
              "add_column": "colbias", "mul_column": "colgain", "residual": "res", "leaky_relu": "lrelu",
              "hardtanh": "htanh", "hardswish": "hswish", "log_softmax": "logsoftmax", "layer_norm": "layernorm",

@@ -217,8 +217,21 @@ def default_root() -> str:
   return os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "kevin_jax", "taskgen")
 
 
+_MATERIALIZED: dict[tuple[WorldConfig, str], str] = {}  # (config, root) -> its directory, in this process.
+
+
 def materialize(config: WorldConfig, root: str | None = None) -> str:
-  """Writes the world's files once into <root>/<digest>/ and returns that directory (module docstring)."""
+  """Writes the world's files once into <root>/<digest>/ and returns that directory (module docstring). A process
+  renders and hashes the files once per (config, root), while the directory stays in place."""
+  root = root or default_root()
+  known = _MATERIALIZED.get((config, root))
+  if known and os.path.isfile(os.path.join(known, MANIFEST)):
+    return known
+  _MATERIALIZED[config, root] = final = _materialize(config, root)
+  return final
+
+
+def _materialize(config: WorldConfig, root: str) -> str:
   world = build(config)
   files = {MANIFEST: json.dumps(manifest(world), indent=1, sort_keys=True) + "\n"}
   for t in world.tasks:
@@ -226,7 +239,6 @@ def materialize(config: WorldConfig, root: str | None = None) -> str:
   h = hashlib.sha256()
   for name in sorted(files):
     h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
-  root = root or default_root()
   final = os.path.join(root, f"world-{h.hexdigest()[:16]}")
   if os.path.isfile(os.path.join(final, MANIFEST)):
     return final
