@@ -6,8 +6,6 @@ one ulp either side of the tolerance; NVRTC must accept the kernels; on a GPU th
 """
 
 import ctypes
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ import torch
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import closeness
 from kevin_jax.kernels import compile as compile_mod
+from tests.host_build import host_library
 
 ATOL, RTOL = 1e-4, 1e-4
 _HOST = r"""
@@ -62,13 +61,7 @@ def _tricky(dtype) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def host_rule(tmp_path_factory):
-  if shutil.which("g++") is None:
-    pytest.skip("g++ is not installed")
-  d = tmp_path_factory.mktemp("rule")
-  (d / "rule.cpp").write_text(_HOST + closeness.RULE + _WRAP)
-  subprocess.run(["g++", "-O1", "-ffp-contract=off", "-shared", "-fPIC", str(d / "rule.cpp"), "-o",
-                  str(d / "rule.so")], check=True, capture_output=True)
-  return ctypes.CDLL(str(d / "rule.so"))
+  return host_library(tmp_path_factory, "rule", _HOST + closeness.RULE + _WRAP, "-O1")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

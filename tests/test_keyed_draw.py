@@ -10,8 +10,6 @@ both copies, into guarded buffers.
 
 import ctypes
 import math
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ import torch
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import compile as compile_mod
 from kevin_jax.kernels import keyed_draw as K
+from tests.host_build import host_library
 
 N = 2**21
 KS_CRITICAL = 1.949  # sqrt(n) x the Kolmogorov-Smirnov statistic's 0.1 % critical value (large n).
@@ -129,13 +128,7 @@ extern "C" void pairs(unsigned long long first, long count, unsigned long long k
 
 @pytest.fixture(scope="module")
 def host_formula(tmp_path_factory):
-  if shutil.which("g++") is None:
-    pytest.skip("g++ is not installed")
-  d = tmp_path_factory.mktemp("formula")
-  (d / "formula.cpp").write_text(_HOST + K.FORMULA + _WRAP)
-  subprocess.run(["g++", "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", str(d / "formula.cpp"),
-                  "-o", str(d / "formula.so")], check=True, capture_output=True)
-  return ctypes.CDLL(str(d / "formula.so"))
+  return host_library(tmp_path_factory, "formula", _HOST + K.FORMULA + _WRAP, "-O2", "-fno-fast-math")
 
 
 @pytest.mark.parametrize("factory", K.FACTORIES)
