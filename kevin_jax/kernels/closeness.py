@@ -19,6 +19,7 @@ import ctypes
 import torch
 
 from kevin_jax.kernels import keyed_draw
+from kevin_jax.kernels import owned
 
 # The rule per element (also compiled for the host by tests/test_closeness.py, against torch.isclose).
 RULE = r"""
@@ -85,31 +86,17 @@ extern "C" __global__ void count_bad_sealed_f32(const unsigned int* __restrict__
   add_count(bad, count);
 }
 """
-_THREADS = 256
 _MAX_BLOCKS = 4096
-_kernels: dict = {}  # CUDA device index -> (module, {dtype: function}).
+_FUNCTIONS = {torch.float32: "count_bad_f32", torch.float64: "count_bad_f64"}
 
 
 def prepare(device: torch.device) -> None:
   """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
-  _functions(device)
+  _function(device, "count_bad_f32")
 
 
-def _functions(device: torch.device) -> dict:
-  index = device.index if device.index is not None else torch.cuda.current_device()
-  if index not in _kernels:
-    from cupy.cuda import function  # pylint: disable=g-import-not-at-top
-    from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
-    major, minor = torch.cuda.get_device_capability(index)
-    res = compile_mod.compile_cuda(_SOURCE + _SEALED, f"sm_{major}{minor}", cache_dir="")
-    if not res.ok:
-      raise RuntimeError(f"the output comparison kernel did not compile: {res.log}")
-    module = function.Module()
-    module.load(res.cubin)
-    _kernels[index] = (module, {torch.float32: module.get_function("count_bad_f32"),
-                                torch.float64: module.get_function("count_bad_f64"),
-                                "sealed_f32": module.get_function("count_bad_sealed_f32")})
-  return _kernels[index][1]
+def _function(device: torch.device, name: str):
+  return owned.function(_SOURCE + _SEALED, name, device, "the output comparison kernel")
 
 
 def count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
@@ -124,15 +111,10 @@ def count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) ->
   n = o.numel()
   if n == 0:
     return count
-  from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
-  func = _functions(o.device)[wide]
   scalar = ctypes.c_double if wide == torch.float64 else ctypes.c_float
-  keep = [ctypes.c_uint64(o.data_ptr()), ctypes.c_uint64(r.data_ptr()), ctypes.c_uint64(n), scalar(atol),
-          scalar(rtol), ctypes.c_uint64(count.data_ptr())]
-  params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
-  blocks = min(_MAX_BLOCKS, -(-n // _THREADS))
-  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(o.device).cuda_stream,
-                      ctypes.addressof(params), 0)
+  owned.launch(_function(o.device, _FUNCTIONS[wide]), o.device, n,
+               [ctypes.c_uint64(o.data_ptr()), ctypes.c_uint64(r.data_ptr()), ctypes.c_uint64(n), scalar(atol),
+                scalar(rtol), ctypes.c_uint64(count.data_ptr())], _MAX_BLOCKS)
   return count
 
 
@@ -144,14 +126,10 @@ def count_bad_keyed(out: torch.Tensor, out_keys: tuple[int, int] | None, ref: to
   n = out.numel()
   if n == 0:
     return count
-  from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
-  func = _functions(out.device)["sealed_f32"]
   ka_a, kb_a = out_keys or (0, 0)
-  keep = [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(ref.data_ptr()), ctypes.c_uint64(n), ctypes.c_float(atol),
-          ctypes.c_float(rtol), ctypes.c_int32(out_keys is not None), ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a),
-          ctypes.c_uint64(ref_keys[0]), ctypes.c_uint64(ref_keys[1]), ctypes.c_uint64(count.data_ptr())]
-  params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
-  blocks = min(_MAX_BLOCKS, -(-((n + 1) // 2) // _THREADS))
-  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(out.device).cuda_stream,
-                      ctypes.addressof(params), 0)
+  owned.launch(_function(out.device, "count_bad_sealed_f32"), out.device, (n + 1) // 2,
+               [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(ref.data_ptr()), ctypes.c_uint64(n),
+                ctypes.c_float(atol), ctypes.c_float(rtol), ctypes.c_int32(out_keys is not None),
+                ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a), ctypes.c_uint64(ref_keys[0]),
+                ctypes.c_uint64(ref_keys[1]), ctypes.c_uint64(count.data_ptr())], _MAX_BLOCKS)
   return count

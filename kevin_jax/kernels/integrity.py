@@ -16,6 +16,8 @@ import ctypes
 
 import torch
 
+from kevin_jax.kernels import owned
+
 _C1, _C2, _C3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _SOURCE = r"""
 extern "C" __global__ void keyed_hash(const unsigned int* __restrict__ w, unsigned long long n,
@@ -33,7 +35,6 @@ extern "C" __global__ void keyed_hash(const unsigned int* __restrict__ w, unsign
   if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
 """
-_THREADS = 256
 _MAX_BLOCKS = 4096
 
 
@@ -71,12 +72,11 @@ class KeyedHash:
     self._func = None
     if device.type == "cuda":
       from cupy.cuda import function  # pylint: disable=g-import-not-at-top
-      from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
       from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
       res = compile_mod.compile_cuda(_SOURCE, arch or compile_mod.DEFAULT_ARCH, cache_dir="")
       if not res.ok:
         raise RuntimeError(f"the integrity hash kernel did not compile: {res.log}")
-      self._driver, self._module = driver, function.Module()
+      self._module = function.Module()
       self._module.load(res.cubin)
       self._func = self._module.get_function("keyed_hash")
 
@@ -96,9 +96,6 @@ class KeyedHash:
 
   def _launch(self, w: torch.Tensor, key: int, out: torch.Tensor, j: int) -> None:
     n = w.numel()
-    blocks = min(_MAX_BLOCKS, -(-n // _THREADS))
-    keep = [ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(key & ((1 << 64) - 1)),
-            ctypes.c_uint64(out.data_ptr() + 8 * j)]
-    params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
-    self._driver.launchKernel(self._func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0,
-                              torch.cuda.current_stream(self.device).cuda_stream, ctypes.addressof(params), 0)
+    owned.launch(self._func, self.device, n,
+                 [ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(key & ((1 << 64) - 1)),
+                  ctypes.c_uint64(out.data_ptr() + 8 * j)], _MAX_BLOCKS)

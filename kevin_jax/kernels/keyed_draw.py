@@ -20,8 +20,9 @@ below 1). The same distribution as the task's factory, not torch's bytes: each r
 other (a fresh secret key), and nothing a launch saw before predicts it.
 
 On CUDA it is one evaluator-owned NVRTC kernel writing both copies with vector stores (float32: 4 elements per
-16-byte store; meant to be bandwidth-bound: two hashes and two Box-Mullers per 32 bytes stored); elsewhere (the emulated worker) `values`, the numpy reference of the same formula, bit
-for bit (tests/test_keyed_draw.py pins both).
+16-byte store; meant to be bandwidth-bound: two hashes and two Box-Mullers per 32 bytes stored); elsewhere (the
+emulated worker) `values`, the numpy reference of the same formula, bit for bit (tests/test_keyed_draw.py pins
+both).
 
 The seal stream of a 64-bit seed is the byte stream h(0), h(1), ... (little-endian; (ka, kb) = subkeys(seed, 0)):
 byte k of a tensor is XORed with byte k mod 8 of h(k div 8), so a kernel that knows the seed (closeness.py) can
@@ -34,6 +35,8 @@ import ctypes
 
 import numpy as np
 import torch
+
+from kevin_jax.kernels import owned
 
 FACTORIES = ("randn", "rand")
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -275,29 +278,16 @@ extern "C" __global__ void keyed_xor(const unsigned char* src, unsigned char* ds
     dst[k] = src[k] ^ (unsigned char)(kd_hash(k >> 3, ka, kb) >> (8 * (k & 7)));
 }
 """
-_THREADS = 256
 _MAX_BLOCKS = 8192
-_kernels: dict = {}  # CUDA device index -> (module, {name: function}).
 
 
 def prepare(device: torch.device) -> None:
-  """Compiles and loads the kernel for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
-  _function(device)
+  """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
+  _function(device, "keyed_draw")
 
 
-def _function(device: torch.device, name: str = "keyed_draw"):
-  index = device.index if device.index is not None else torch.cuda.current_device()
-  if index not in _kernels:
-    from cupy.cuda import function  # pylint: disable=g-import-not-at-top
-    from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
-    major, minor = torch.cuda.get_device_capability(index)
-    res = compile_mod.compile_cuda(_SOURCE, f"sm_{major}{minor}", cache_dir="")
-    if not res.ok:
-      raise RuntimeError(f"the keyed draw kernels did not compile: {res.log}")
-    module = function.Module()
-    module.load(res.cubin)
-    _kernels[index] = (module, {n: module.get_function(n) for n in ("keyed_draw", "keyed_xor")})
-  return _kernels[index][1][name]
+def _function(device: torch.device, name: str):
+  return owned.function(_SOURCE, name, device, "the keyed draw kernels")
 
 
 def supported(factory: str, dtype: torch.dtype) -> bool:
@@ -327,7 +317,10 @@ def write(plan, key: int, pairs) -> None:
     align = 16 if x.dtype == torch.float32 else 8
     if x.data_ptr() % align or y.data_ptr() % align:
       raise ValueError(f"tensor {j}: keyed draws need {align}-byte aligned tensors")
-    _draw(x, y, n, ka, kb, factory == "randn", DTYPES[x.dtype])
+    owned.launch(_function(x.device, "keyed_draw"), x.device, (n + 3) // 4,
+                 [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(n),
+                  ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(factory == "randn"),
+                  ctypes.c_int32(DTYPES[x.dtype])], _MAX_BLOCKS)
 
 
 def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
@@ -344,21 +337,6 @@ def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
     stream.zero_()
     return
   words = src.data_ptr() % 8 == 0 and dst.data_ptr() % 8 == 0
-  _launch(_function(dst.device, "keyed_xor"), dst.device, -(-n // 8) if words else n,
-          [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(n),
-           ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(int(words))])
-
-
-def _draw(x: torch.Tensor, y: torch.Tensor, n: int, ka: int, kb: int, normal: bool, dtype: int) -> None:
-  _launch(_function(x.device), x.device, (n + 3) // 4,
-          [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(ka),
-           ctypes.c_uint64(kb), ctypes.c_int32(int(normal)), ctypes.c_int32(dtype)])
-
-
-def _launch(func, device: torch.device, items: int, keep: list) -> None:
-  """One launch of `func` on the current stream, one thread per item (grid-stride beyond _MAX_BLOCKS blocks)."""
-  from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
-  params = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(v) for v in keep])
-  blocks = max(1, min(_MAX_BLOCKS, -(-items // _THREADS)))
-  driver.launchKernel(func.ptr, blocks, 1, 1, _THREADS, 1, 1, 0, torch.cuda.current_stream(device).cuda_stream,
-                      ctypes.addressof(params), 0)
+  owned.launch(_function(dst.device, "keyed_xor"), dst.device, -(-n // 8) if words else n,
+               [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(n),
+                ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(int(words))], _MAX_BLOCKS)

@@ -1,0 +1,42 @@
+"""The evaluator's own CUDA kernels (output comparison, keyed draws and seals, integrity hashes): each source
+compiled with NVRTC and loaded once per device, launched on the device's current stream with one thread per item
+and a grid-stride loop past a block cap. Not the candidates' kernels (runner.py launches those by their plan)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+THREADS = 256
+_loaded: dict = {}  # (source, CUDA device index) -> (module, {name: function}).
+
+
+def function(source: str, name: str, device: torch.device, what: str):
+  """Kernel `name` of `source`, compiled for `device`'s architecture on first use (`what` names it in errors)."""
+  index = device.index if device.index is not None else torch.cuda.current_device()
+  key = (source, index)
+  if key not in _loaded:
+    from cupy.cuda import function as cupy_function  # pylint: disable=g-import-not-at-top
+    from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
+    major, minor = torch.cuda.get_device_capability(index)
+    res = compile_mod.compile_cuda(source, f"sm_{major}{minor}", cache_dir="")
+    if not res.ok:
+      raise RuntimeError(f"{what} did not compile: {res.log}")
+    module = cupy_function.Module()
+    module.load(res.cubin)
+    _loaded[key] = (module, {})
+  module, funcs = _loaded[key]
+  if name not in funcs:
+    funcs[name] = module.get_function(name)
+  return funcs[name]
+
+
+def launch(func, device: torch.device, items: int, args: list, max_blocks: int) -> None:
+  """One launch of `func` with `args` (ctypes values, in the kernel's parameter order) on `device`'s current
+  stream: THREADS threads per block, enough blocks for `items` threads, at most `max_blocks`."""
+  from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
+  params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
+  blocks = max(1, min(max_blocks, -(-items // THREADS)))
+  driver.launchKernel(func.ptr, blocks, 1, 1, THREADS, 1, 1, 0, torch.cuda.current_stream(device).cuda_stream,
+                      ctypes.addressof(params), 0)
