@@ -21,8 +21,8 @@ evaluates every solution of the bundled suite (kevin_jax/data/solutions/*/*/*.md
 with the `expect` in its meta.json (writes suite_check.json / suite_check.md: mismatches, reference times, speedups).
 
   python experiments/bench_evaluator.py --compare-suite OLD/suite_check.json NEW/suite_check.json     (no GPU)
-compares two suite checks (two trees, or two settings such as --flush-bytes): status changes, and per solution correct in both the ratio
-new speedup / old speedup (median, worst, and how many lie outside +-1 %).
+compares two suite checks (two trees, or two settings such as --flush-bytes): status changes, and per solution
+correct in both the ratio new speedup / old speedup (median, worst, and how many lie outside +-1 %).
 """
 
 from __future__ import annotations

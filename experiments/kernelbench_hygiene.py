@@ -48,8 +48,8 @@ def main(argv=None) -> int:
   md, csv_path = hygiene.write_report(recs, a.out)
   with open(os.path.join(a.out, "records.json"), "w", encoding="utf-8") as f:
     json.dump([r.to_dict() for r in recs], f, indent=1)
-  env = {"source": os.path.abspath(a.source), "commit": source_commit(a.source, a.source_commit), "levels": a.levels, "device": device,
-         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "", "torch": torch.__version__,
+  env = {"source": os.path.abspath(a.source), "commit": source_commit(a.source, a.source_commit), "levels": a.levels,
+         "device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "", "torch": torch.__version__,
          "date": time.strftime("%Y-%m-%d", time.gmtime()), "seconds": round(time.time() - t0, 1)}
   with open(os.path.join(a.out, "environment.json"), "w", encoding="utf-8") as f:
     json.dump(env, f, indent=1)

@@ -101,7 +101,8 @@ def main() -> None:
     res["rounds"].append(row)
     print(f"round {r + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()), flush=True)
   lines = [f"# Timing probe: level1/12_RMSNorm naive and its reference ({res['gpu']}, {args.runs} runs per mode, "
-           f"{args.rounds} rounds)", "", "| kernel | mode | median ms per round | ratio to queued |", "|---|---|---|---|"]
+           f"{args.rounds} rounds)", "", "| kernel | mode | median ms per round | ratio to queued |",
+           "|---|---|---|---|"]
   for name in ("candidate", "reference"):
     for mode in MODES:
       ms = [row[f"{name}/{mode}"] for row in res["rounds"]]

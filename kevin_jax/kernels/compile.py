@@ -1,12 +1,12 @@
 """NVRTC compilation of candidate device code to a cubin, without a GPU.
 
-Options are fixed by the evaluator (the candidate chooses none): an explicit `-arch=sm_XX` cubin (the device's
-exact arch; sm_90 for compile-only), C++17, `--device-as-default-execution-space`, warnings off (the feedback shows
-errors only), a pre-included prelude with the fixed-width integer types and C's INFINITY / NAN, and include paths for the CUDA runtime
-headers, CCCL (cub / libcu++) and a small shim directory mapping <cstdint>, <cmath>, ... to `cuda/std`; NVRTC's
-automatic precompiled headers (`--pch`, NVRTC >= 12.8) in long-lived compile workers. Which headers a candidate may
-name is preprocess.py's rule; the log returned here keeps diagnostics of the candidate's own file and the public
-headers only (`clean_log`), so no other file's text can reach the feedback.
+Options are fixed by the evaluator (the candidate chooses none): an explicit `-arch=sm_XX` cubin (the device's exact
+arch; sm_90 for compile-only), C++17, `--device-as-default-execution-space`, warnings off (the feedback shows errors
+only), a pre-included prelude with the fixed-width integer types and C's INFINITY / NAN, and include paths for the
+CUDA runtime headers, CCCL (cub / libcu++) and a small shim directory mapping <cstdint>, <cmath>, ... to `cuda/std`;
+NVRTC's automatic precompiled headers (`--pch`, NVRTC >= 12.8) in long-lived compile workers. Which headers a
+candidate may name is preprocess.py's rule; the log returned here keeps diagnostics of the candidate's own file and
+the public headers only (`clean_log`), so no other file's text can reach the feedback.
 
 NVRTC is reached through CuPy's low-level bindings (`cupy_backends.cuda.libs.nvrtc`, present in cupy-cuda12x and
 cupy-cuda13x) or, failing that, `cuda.bindings.nvrtc`. Results are cached in memory and on disk, keyed by source,
