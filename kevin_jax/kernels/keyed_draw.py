@@ -26,7 +26,9 @@ both).
 
 The seal stream of a 64-bit seed is the byte stream h(0), h(1), ... (little-endian; (ka, kb) = subkeys(seed, 0)):
 byte k of a tensor is XORed with byte k mod 8 of h(k div 8), so a kernel that knows the seed (closeness.py) can
-unseal any element where it reads it, and no copy of the stream ever exists on the GPU (`xor_stream`).
+unseal any element where it reads it, and no copy of the stream ever exists on the GPU (`xor_stream`). The hash is
+not cryptographic (nor was torch's Philox stream before it): a candidate that found a sealed buffer and guessed some
+of its plain bytes would still have to recover a secret 64-bit seed from them to unseal the rest.
 """
 
 from __future__ import annotations
