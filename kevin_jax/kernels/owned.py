@@ -32,11 +32,15 @@ def function(source: str, name: str, device: torch.device, what: str):
   return funcs[name]
 
 
+def blocks(items: int, max_blocks: int) -> int:
+  """Blocks of THREADS threads for one thread per item, at most `max_blocks` (the kernels loop past the cap)."""
+  return max(1, min(max_blocks, -(-items // THREADS)))
+
+
 def launch(func, device: torch.device, items: int, args: list, max_blocks: int) -> None:
   """One launch of `func` with `args` (ctypes values, in the kernel's parameter order) on `device`'s current
   stream: THREADS threads per block, enough blocks for `items` threads, at most `max_blocks`."""
   from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
   params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
-  blocks = max(1, min(max_blocks, -(-items // THREADS)))
-  driver.launchKernel(func.ptr, blocks, 1, 1, THREADS, 1, 1, 0, torch.cuda.current_stream(device).cuda_stream,
-                      ctypes.addressof(params), 0)
+  driver.launchKernel(func.ptr, blocks(items, max_blocks), 1, 1, THREADS, 1, 1, 0,
+                      torch.cuda.current_stream(device).cuda_stream, ctypes.addressof(params), 0)

@@ -98,7 +98,7 @@ def _compile(units: list[str]) -> ctypes.CDLL:
     with open(cpp, "w", encoding="utf-8") as f:
       f.write(full)
     tmp = f"{so}.{os.getpid()}.tmp"
-    r = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-I", HERE, cpp, "-o", tmp],
+    r = subprocess.run(["g++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-I", HERE, cpp, "-o", tmp],
                        capture_output=True, text=True, check=False)
     os.unlink(cpp)
     if r.returncode:
@@ -183,6 +183,23 @@ def load_module(path: str | None = None, source: str | None = None, overrides: d
       raise KeyError(f"task module has no constant {k}")
     setattr(mod, k, type(getattr(mod, k))(v))
   return mod
+
+
+def launch_source(source: str, kernel: str, grid: int, block: int, args: Sequence) -> None:
+  """One 1-D launch of `kernel` of a plain CUDA source on the CPU, on host memory: `args` are ctypes values in the
+  kernel's parameter order (c_float / c_double for floating-point parameters; integer values, pointers as
+  addresses, for the rest). For the evaluator's own kernels (owned.py), which the GPU runs on device memory."""
+  built = _library(source, re.findall(r"__global__\s+void\s+(\w+)", source))  # Launchers for every kernel.
+  packed = (_Arg * max(1, len(args)))()
+  for j, a in enumerate(args):
+    if isinstance(a, (ctypes.c_float, ctypes.c_double)):
+      packed[j].kind, packed[j].d = 1, a.value
+    else:
+      v = int(a.value) & ((1 << 64) - 1)
+      packed[j].kind, packed[j].p, packed[j].i = 0, v, v - (1 << 64) if v >> 63 else v
+  fn = getattr(built.lib, f"emu_launch_{built.prefix}_{kernel}")
+  if fn(_Dim3(grid, 1, 1), _Dim3(block, 1, 1), ctypes.c_ulonglong(0), packed, len(args)):
+    raise ValueError(f"{kernel} takes a different number of parameters than the {len(args)} given")
 
 
 def run(mod, text: str, seed: int = 0, dist=None) -> tuple[str, str]:

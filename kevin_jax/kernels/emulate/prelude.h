@@ -31,6 +31,8 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+struct alignas(8) uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 inline float2 make_float2(float a, float b) { return float2{a, b}; }
 
 struct EmuThread {
@@ -101,6 +103,15 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __saturatef(float a) { return a < 0 ? 0 : (a > 1 ? 1 : a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// Single IEEE operations, rounded to nearest (the build contracts no FMA).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 template <typename T> inline T __ldg(const T* p) { return *p; }
 // By value: decltype(a < b ? a : b) would be a reference to a parameter.
 template <typename A, typename B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
