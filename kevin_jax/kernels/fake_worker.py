@@ -3,7 +3,7 @@
 It behaves like a GPU worker that evaluates instantly, except when the candidate's CUDA source contains a
 `FAKE:<action>` marker: exit (os._exit), segv (a real segmentation fault), hang (sleep forever in a phase),
 hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, phases=<n> (enter a new
-phase every 0.5 s, n times: no phase stalls, the whole run is long), raise, alloc=<MiB> (grow host memory), fatal
+phase every 0.5 s, n times: no phase stalls, the whole run is long), raise, alloc=<MiB> (grow host memory, reporting progress), fatal
 (report a sticky error), incorrect, oom (the GPU's allocator fails), oom_once (fails in the first worker that runs it:
 a flag file in the temporary directory remembers it), free=<MiB> (the GPU's free memory for the task's memory
 budget, kernels/footprint.py: over it, the worker answers the task-level skip as the GPU worker does).
@@ -64,10 +64,15 @@ class FakeHandler:
         time.sleep(0.5)
     if action == "raise":
       raise RuntimeError("fake failure inside the worker")
-    if action == "alloc":
-      hog = bytearray(int(float(arg) * 2**20))
-      for i in range(0, len(hog), 4096):
-        hog[i] = 1
+    if action == "alloc":  # In 64 MiB steps, each a reported phase: growing, not hanging, however slow the host.
+      hog, left = [], int(float(arg) * 2**20)
+      while left > 0:
+        chunk = bytearray(min(left, 64 * 2**20))
+        for i in range(0, len(chunk), 4096):
+          chunk[i] = 1
+        hog.append(chunk)
+        left -= len(chunk)
+        report(f"candidate:alloc{len(hog)}")
       time.sleep(30)
     report("timing")
     res = {"status": "correct", "error": "", "flags": [], "details": {"worker_pid": os.getpid(),
