@@ -15,6 +15,8 @@ reference outside the evaluator, per run: an L2 flush, then CUDA events around t
   queued_redraw  as queued, with a fresh torch.randn draw into the input before each run (the protocol's fresh inputs)
   synced_redraw  as synced, with the fresh draw
   synced_realloc as synced_redraw, the input reallocated each run (a new address whenever the allocator gives one)
+  queued_moved   as queued_redraw, the input moved each run to a random 2 MiB-aligned place in a pool 64 MiB
+                 larger than it (other physical pages: does the kernel's time depend on where its input lies?)
 
 Rounds interleave the modes; the table gives each mode's median over runs, per round, and its ratio to `queued`.
 Writes timing_probe.json / timing_probe.md to --out. The kernel source is the bundled solution's (read, not copied).
@@ -35,7 +37,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOLUTION = os.path.join(ROOT, "kevin_jax", "data", "solutions", "level1", "12_RMSNorm", "naive.md")
 BATCH, SEQ, FEATURES, EPS = 16, 2047, 4097, 1e-6  # kevin_jax/data/tasks/level1/12_RMSNorm.py
-MODES = ("queued", "synced", "synced_gap", "queued_redraw", "synced_redraw", "synced_realloc")
+MODES = ("queued", "synced", "synced_gap", "queued_redraw", "synced_redraw", "synced_realloc", "queued_moved")
+_PAGE = 2**21 // 4  # float32 elements in 2 MiB.
 
 
 def naive_kernel() -> cp.RawKernel:
@@ -44,13 +47,18 @@ def naive_kernel() -> cp.RawKernel:
   return cp.RawKernel(src, "rms_norm_rows")
 
 
-def time_mode(mode: str, launch, x: torch.Tensor, flush: torch.Tensor, runs: int) -> list[float]:
-  """Event times (ms) of `launch()` over `runs` runs driven as `mode` (module docstring)."""
+def time_mode(mode: str, launch, x: torch.Tensor, flush: torch.Tensor, runs: int,
+              pool: torch.Tensor | None = None) -> list[float]:
+  """Event times (ms) of `launch()` over `runs` runs driven as `mode` (module docstring); `pool` (float32, at least
+  32 pages of 2 MiB larger than x) holds x in mode queued_moved."""
   events = []
   for _ in range(runs):
     if mode == "synced_realloc":
       x.data = torch.empty_like(x)
-    if mode.endswith("redraw") or mode == "synced_realloc":
+    if mode == "queued_moved":
+      at = _PAGE * int(torch.randint(0, 33, ()))
+      x.data = pool[at:at + x.numel()].view(x.shape)
+    if mode.endswith(("redraw", "moved")) or mode == "synced_realloc":
       torch.randn(x.shape, out=x)
     flush.zero_()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -76,6 +84,7 @@ def main() -> None:
   torch.manual_seed(0)
   dev = torch.device("cuda")
   x = torch.randn(BATCH, SEQ, FEATURES, device=dev)
+  pool = torch.empty(x.numel() + 32 * _PAGE, device=dev)
   w = torch.rand(FEATURES, device=dev) + 0.5
   y = torch.empty_like(x)
   props = torch.cuda.get_device_properties(dev)
@@ -97,7 +106,7 @@ def main() -> None:
     row = {}
     for name, f in (("candidate", candidate), ("reference", reference)):
       for mode in MODES:
-        row[f"{name}/{mode}"] = statistics.median(time_mode(mode, f, x, flush, args.runs))
+        row[f"{name}/{mode}"] = statistics.median(time_mode(mode, f, x, flush, args.runs, pool))
     res["rounds"].append(row)
     print(f"round {r + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()), flush=True)
   lines = [f"# Timing probe: level1/12_RMSNorm naive and its reference ({res['gpu']}, {args.runs} runs per mode, "
