@@ -115,7 +115,8 @@ def test_sealed_comparison_counts_what_isclose_counts(out_sealed):
   a = _sealed(out, ka_a, kb_a) if out_sealed else out.clone()
   r = _sealed(ref, ka_r, kb_r)
   count = torch.zeros((), dtype=torch.int64)
-  _launch(closeness._SOURCE + closeness._SEALED, "count_bad_sealed_f32", (n + 1) // 2,  # pylint: disable=protected-access
+  source = closeness._SOURCE + closeness._SEALED  # pylint: disable=protected-access
+  _launch(source, "count_bad_sealed_f32", (n + 1) // 2,
           [_ptr(a), _ptr(r), ctypes.c_uint64(n), ctypes.c_float(1e-5), ctypes.c_float(1e-4),
            ctypes.c_int32(out_sealed), ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a), ctypes.c_uint64(ka_r),
            ctypes.c_uint64(kb_r), _ptr(count)])

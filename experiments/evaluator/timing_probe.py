@@ -1,12 +1,11 @@
-"""Probe: does a latency-bound kernel's event time depend on how its timed runs are driven?
+"""Probe: does a latency-bound kernel's event time depend on how its timed runs are driven, or on where its input lies?
 
   python experiments/evaluator/timing_probe.py [--runs 100] [--rounds 3] [--out DIR]     (about 1 minute on one GPU)
 
-The evaluator's timed runs changed in two ways that a kernel's own time could notice: the host now queues run i+1
-while the GPU runs run i (before, it waited for each run), and buffers keep their addresses across evaluations of a
-task (before, the allocator cache was emptied after each). The bundled `level1/12_RMSNorm` 'naive' kernel (one thread
-per row, rows 16 KiB apart) timed 3.52-3.55 ms under the new driver and 3.68-3.74 ms under the old one, while its
-reference (1.445 ms) and every coalesced kernel stayed within +-1 %. This script times that kernel and the PyTorch
+The evaluator's timed runs changed in two ways that a kernel's own time could notice: the host queues run i+1 while
+the GPU runs run i (before, it waited for each run), and buffers keep their addresses across evaluations of a task
+(before, the allocator cache was emptied after each). The bundled `level1/12_RMSNorm` 'naive' kernel (one thread per
+row, rows 16 KiB apart) is the suite's most sensitive timing. This script times that kernel and the PyTorch
 reference outside the evaluator, per run: an L2 flush, then CUDA events around the launch, in these modes:
 
   queued         runs queued back to back, one synchronisation at the end (the new driver)

@@ -98,8 +98,8 @@ def _compile(units: list[str]) -> ctypes.CDLL:
     with open(cpp, "w", encoding="utf-8") as f:
       f.write(full)
     tmp = f"{so}.{os.getpid()}.tmp"
-    r = subprocess.run(["g++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-I", HERE, cpp, "-o", tmp],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(["g++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-I", HERE, cpp,
+                        "-o", tmp], capture_output=True, text=True, check=False)
     os.unlink(cpp)
     if r.returncode:
       raise RuntimeError(r.stderr[:2000])
