@@ -5,8 +5,9 @@ It behaves like a GPU worker that evaluates instantly, except when the candidate
 hang_reference (hang while running the reference on a non-task distribution), sleep=<s>, phases=<n> (enter a new
 phase every 0.5 s, n times: no phase stalls, the whole run is long), raise, alloc=<MiB> (grow host memory,
 reporting progress), fatal (report a sticky error), incorrect, oom (the GPU's allocator fails), oom_once (fails in
-the first worker that runs it: a flag file in the temporary directory remembers it), free=<MiB> (the GPU's free memory for the task's memory
-budget, kernels/footprint.py: over it, the worker answers the task-level skip as the GPU worker does).
+the first worker that runs it: a flag file in the temporary directory remembers it), free=<MiB> (the GPU's free
+memory for the task's memory budget, kernels/footprint.py: over it, the worker answers the task-level skip as the
+GPU worker does).
 """
 
 from __future__ import annotations
