@@ -42,23 +42,29 @@ DEFAULT_OUT = os.path.join(_REPO, "kevin_jax", "data", "tokenizer")
 
 
 def corpus_files() -> list[str]:
-  """The training files, sorted, deduplicated; raises if a source is missing."""
-  files: list[str] = []
+  """The training files: Python's stdlib, then the CUDA runtime and CCCL headers, then torch.nn's sources, each
+  group sorted and deduplicated (the order, and so the corpus digest, does not depend on where the packages are
+  installed); raises if a source is missing."""
   import nvidia  # pylint: disable=g-import-not-at-top  (namespace package of the nvidia-* wheels)
   roots = [os.path.join(p, sub, "include") for p in nvidia.__path__ for sub in ("cuda_runtime", "cuda_cccl")]
-  for root in roots:
-    for ext in ("h", "hpp", "cuh", "inl"):
-      files += glob.glob(os.path.join(root, "**", f"*.{ext}"), recursive=True)
-  if not files:
+  headers = [f for root in roots for ext in ("h", "hpp", "cuh", "inl")
+             for f in glob.glob(os.path.join(root, "**", f"*.{ext}"), recursive=True)]
+  if not headers:
     raise FileNotFoundError(f"no CUDA headers under {roots}: install nvidia-cuda-runtime-cu12/nvidia-cuda-cccl-cu12")
-  files += glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))
+  stdlib = glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))
   spec = importlib.util.find_spec("torch")  # located, never imported (the learner side does not import torch)
   if spec is None or not spec.origin:
     raise FileNotFoundError("torch is not installed: its torch/nn sources are part of the corpus")
   torch_dir = os.path.dirname(spec.origin)
-  files += glob.glob(os.path.join(torch_dir, "nn", "modules", "*.py")) + [os.path.join(torch_dir, "nn",
-                                                                                        "functional.py")]
-  return sorted({os.path.realpath(f) for f in files if os.path.isfile(f)})
+  torch_nn = glob.glob(os.path.join(torch_dir, "nn", "modules", "*.py")) + [os.path.join(torch_dir, "nn",
+                                                                                           "functional.py")]
+  files, seen = [], set()
+  for group in (stdlib, headers, torch_nn):
+    for f in sorted({os.path.realpath(f) for f in group if os.path.isfile(f)}):
+      if f not in seen:
+        seen.add(f)
+        files.append(f)
+  return files
 
 
 def _read(path: str) -> str:
