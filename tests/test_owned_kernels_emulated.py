@@ -1,10 +1,10 @@
 """The evaluator's own CUDA kernels (keyed draws, keyed XOR, sealed and plain output comparison, integrity hash) run
-through the CPU emulator of the device dialect, against their Python references: indexing, grid-stride loops past
-the block cap, vector stores and ragged tails, warp reductions. The GPU tests (tests/test_keyed_draw.py,
+through the CPU emulator of the device dialect, against their Python references, with the launches the modules
+build for the GPU (their `*_call`: kernel, thread count, arguments in parameter order): indexing, grid-stride loops
+past the block cap, vector stores and ragged tails, warp reductions. The GPU tests (tests/test_keyed_draw.py,
 tests/test_closeness.py, tests/test_kernels_buffers.py) run the same sources through NVRTC and owned.py's launch;
 the float16 conversion is PTX (cvt.rn / cvt.rz), which only they run: here it is a host conversion."""
 
-import ctypes
 import re
 import shutil
 
@@ -39,12 +39,9 @@ def _keyed_source() -> str:
   return _F16 + src
 
 
-def _launch(source, kernel, items, args):
-  emulator.launch_source(source, kernel, owned.blocks(items, CAP), owned.THREADS, args)
-
-
-def _ptr(t: torch.Tensor) -> ctypes.c_uint64:
-  return ctypes.c_uint64(t.data_ptr())
+def _launch(source: str, call: owned.Call) -> None:
+  """The launch the module builds for the GPU (its `*_call`), run in the emulator with at most CAP blocks."""
+  emulator.launch_source(source, call.kernel, owned.blocks(call.items, CAP), owned.THREADS, call.args)
 
 
 def _guarded(n: int, dtype: torch.dtype, fill: int = 0xA5):
@@ -68,9 +65,7 @@ def test_keyed_draw_writes_the_numpy_reference_into_both_buffers(factory, dtype)
     (rx, x, sx), (ry, y, sy) = _guarded(n, dtype), _guarded(n, dtype)
     key = 0xC0FFEE + n
     ka, kb = K.subkeys(key, 0)
-    _launch(src, "keyed_draw", (n + 3) // 4, [_ptr(x), _ptr(y), ctypes.c_uint64(n), ctypes.c_uint64(ka),
-                                             ctypes.c_uint64(kb), ctypes.c_int32(factory == "randn"),
-                                             ctypes.c_int32(K.DTYPES[dtype])])
+    _launch(src, K.draw_call(x, y, factory, ka, kb))
     want = K.encode(K.values(factory, n, ka, kb), factory, dtype)
     for got in (x, y):
       assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (factory, dtype, n)
@@ -84,11 +79,9 @@ def test_keyed_xor_is_the_stream(offset):
   src, dst = src[offset:], dst[offset:]
   src.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)))
   ka, kb = K.subkeys(42, 1)
-  words = src.data_ptr() % 8 == 0 and dst.data_ptr() % 8 == 0
-  assert words == (offset == 0)
-  _launch(_keyed_source(), "keyed_xor", -(-n // 8) if words else n,
-          [_ptr(src), _ptr(dst), ctypes.c_uint64(n), ctypes.c_uint64(ka), ctypes.c_uint64(kb),
-           ctypes.c_int32(int(words))])
+  call = K.xor_call(src, dst, ka, kb)
+  assert call.items == (-(-n // 8) if offset == 0 else n)  # The word path only where both views are aligned.
+  _launch(_keyed_source(), call)
   assert torch.equal(dst, torch.bitwise_xor(src, K.stream_bytes(n, ka, kb)))
 
 
@@ -111,21 +104,16 @@ def test_sealed_comparison_counts_what_isclose_counts(out_sealed):
   out[bad[36]] = float("nan")
   want = int((~torch.isclose(out, ref, rtol=1e-4, atol=1e-5, equal_nan=True)).sum())
   ka_r, kb_r = K.subkeys(7, 2)
-  ka_a, kb_a = K.subkeys(8, 2) if out_sealed else (0, 0)
-  a = _sealed(out, ka_a, kb_a) if out_sealed else out.clone()
+  out_keys = K.subkeys(8, 2) if out_sealed else None
+  a = _sealed(out, *out_keys) if out_sealed else out.clone()
   r = _sealed(ref, ka_r, kb_r)
   count = torch.zeros((), dtype=torch.int64)
-  source = closeness._SOURCE + closeness._SEALED  # pylint: disable=protected-access
-  _launch(source, "count_bad_sealed_f32", (n + 1) // 2,
-          [_ptr(a), _ptr(r), ctypes.c_uint64(n), ctypes.c_float(1e-5), ctypes.c_float(1e-4),
-           ctypes.c_int32(out_sealed), ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a), ctypes.c_uint64(ka_r),
-           ctypes.c_uint64(kb_r), _ptr(count)])
+  _launch(closeness.SOURCE, closeness.sealed_call(a, out_keys, r, (ka_r, kb_r), 1e-5, 1e-4, count))
   assert want == 36 and int(count) == want
 
 
-@pytest.mark.parametrize("dtype,kernel,scalar", [(torch.float32, "count_bad_f32", ctypes.c_float),
-                                                 (torch.float64, "count_bad_f64", ctypes.c_double)])
-def test_plain_comparison_counts_what_isclose_counts(dtype, kernel, scalar):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plain_comparison_counts_what_isclose_counts(dtype):
   n = 2 * CAP * 256 + 3
   g = torch.Generator().manual_seed(1)
   ref = torch.randn(n, generator=g, dtype=dtype)
@@ -134,8 +122,7 @@ def test_plain_comparison_counts_what_isclose_counts(dtype, kernel, scalar):
   out[5] = float("-inf")
   want = int((~torch.isclose(out, ref, rtol=1e-3, atol=1e-3, equal_nan=True)).sum())
   count = torch.zeros((), dtype=torch.int64)
-  _launch(closeness._SOURCE + closeness._SEALED, kernel, n,  # pylint: disable=protected-access
-          [_ptr(out), _ptr(ref), ctypes.c_uint64(n), scalar(1e-3), scalar(1e-3), _ptr(count)])
+  _launch(closeness.SOURCE, closeness.plain_call(out, ref, 1e-3, 1e-3, count))
   assert want >= 11 and int(count) == want
 
 
@@ -145,6 +132,5 @@ def test_integrity_hash_is_the_torch_formula():
   key = 2**64 - 12345
   want = integrity.KeyedHash(torch.device("cpu"))([t], key)
   out = torch.zeros(1, dtype=torch.int64)
-  _launch(integrity._SOURCE, "keyed_hash", n,  # pylint: disable=protected-access
-          [_ptr(t), ctypes.c_uint64(n), ctypes.c_uint64(key), _ptr(out)])
+  _launch(integrity.SOURCE, integrity.hash_call(t, key, out, 0))
   assert torch.equal(out, want)

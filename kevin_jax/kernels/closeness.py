@@ -88,15 +88,33 @@ extern "C" __global__ void count_bad_sealed_f32(const unsigned int* __restrict__
 """
 _MAX_BLOCKS = 4096
 _FUNCTIONS = {torch.float32: "count_bad_f32", torch.float64: "count_bad_f64"}
+SOURCE = _SOURCE + _SEALED
+_WHAT = "the output comparison kernel"
 
 
 def prepare(device: torch.device) -> None:
   """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
-  _function(device, "count_bad_f32")
+  owned.function(SOURCE, "count_bad_f32", device, _WHAT)
 
 
-def _function(device: torch.device, name: str):
-  return owned.function(_SOURCE + _SEALED, name, device, "the output comparison kernel")
+def plain_call(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, count: torch.Tensor) -> owned.Call:
+  """The count_bad_f32 / _f64 launch (by o's dtype) adding o's elements outside the tolerance of r to count."""
+  scalar = ctypes.c_double if o.dtype == torch.float64 else ctypes.c_float
+  return owned.Call(_FUNCTIONS[o.dtype], o.numel(),
+                    [ctypes.c_uint64(o.data_ptr()), ctypes.c_uint64(r.data_ptr()), ctypes.c_uint64(o.numel()),
+                     scalar(atol), scalar(rtol), ctypes.c_uint64(count.data_ptr())])
+
+
+def sealed_call(out: torch.Tensor, out_keys: tuple[int, int] | None, ref: torch.Tensor, ref_keys: tuple[int, int],
+                atol: float, rtol: float, count: torch.Tensor) -> owned.Call:
+  """The count_bad_sealed_f32 launch (one thread per pair of elements, the stream word they share)."""
+  n = out.numel()
+  ka_a, kb_a = out_keys or (0, 0)
+  return owned.Call("count_bad_sealed_f32", (n + 1) // 2,
+                    [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(ref.data_ptr()), ctypes.c_uint64(n),
+                     ctypes.c_float(atol), ctypes.c_float(rtol), ctypes.c_int32(out_keys is not None),
+                     ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a), ctypes.c_uint64(ref_keys[0]),
+                     ctypes.c_uint64(ref_keys[1]), ctypes.c_uint64(count.data_ptr())])
 
 
 def count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
@@ -108,13 +126,9 @@ def count_bad(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) ->
   if o.device.type != "cuda":
     return (~torch.isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)).sum()
   count = torch.zeros((), dtype=torch.int64, device=o.device)
-  n = o.numel()
-  if n == 0:
+  if o.numel() == 0:
     return count
-  scalar = ctypes.c_double if wide == torch.float64 else ctypes.c_float
-  owned.launch(_function(o.device, _FUNCTIONS[wide]), o.device, n,
-               [ctypes.c_uint64(o.data_ptr()), ctypes.c_uint64(r.data_ptr()), ctypes.c_uint64(n), scalar(atol),
-                scalar(rtol), ctypes.c_uint64(count.data_ptr())], _MAX_BLOCKS)
+  owned.launch(SOURCE, plain_call(o, r, atol, rtol, count), o.device, _MAX_BLOCKS, _WHAT)
   return count
 
 
@@ -126,10 +140,5 @@ def count_bad_keyed(out: torch.Tensor, out_keys: tuple[int, int] | None, ref: to
   n = out.numel()
   if n == 0:
     return count
-  ka_a, kb_a = out_keys or (0, 0)
-  owned.launch(_function(out.device, "count_bad_sealed_f32"), out.device, (n + 1) // 2,
-               [ctypes.c_uint64(out.data_ptr()), ctypes.c_uint64(ref.data_ptr()), ctypes.c_uint64(n),
-                ctypes.c_float(atol), ctypes.c_float(rtol), ctypes.c_int32(out_keys is not None),
-                ctypes.c_uint64(ka_a), ctypes.c_uint64(kb_a), ctypes.c_uint64(ref_keys[0]),
-                ctypes.c_uint64(ref_keys[1]), ctypes.c_uint64(count.data_ptr())], _MAX_BLOCKS)
+  owned.launch(SOURCE, sealed_call(out, out_keys, ref, ref_keys, atol, rtol, count), out.device, _MAX_BLOCKS, _WHAT)
   return count

@@ -19,7 +19,7 @@ import torch
 from kevin_jax.kernels import owned
 
 _C1, _C2, _C3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-_SOURCE = r"""
+SOURCE = r"""
 extern "C" __global__ void keyed_hash(const unsigned int* __restrict__ w, unsigned long long n,
                                       unsigned long long key, unsigned long long* out) {
   unsigned long long acc = 0;
@@ -36,6 +36,7 @@ extern "C" __global__ void keyed_hash(const unsigned int* __restrict__ w, unsign
 }
 """
 _MAX_BLOCKS = 4096
+_WHAT = "the integrity hash kernel"
 
 
 def _signed(v: int) -> int:
@@ -67,18 +68,11 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 class KeyedHash:
   """`hasher(tensors, key)` -> int64 tensor of one hash per tensor, on the tensors' device (module docstring)."""
 
-  def __init__(self, device: torch.device, arch: str | None = None):
+  def __init__(self, device: torch.device):
     self.device = device
-    self._func = None
-    if device.type == "cuda":
-      from cupy.cuda import function  # pylint: disable=g-import-not-at-top
-      from kevin_jax.kernels import compile as compile_mod  # pylint: disable=g-import-not-at-top
-      res = compile_mod.compile_cuda(_SOURCE, arch or compile_mod.DEFAULT_ARCH, cache_dir="")
-      if not res.ok:
-        raise RuntimeError(f"the integrity hash kernel did not compile: {res.log}")
-      self._module = function.Module()
-      self._module.load(res.cubin)
-      self._func = self._module.get_function("keyed_hash")
+    self._cuda = device.type == "cuda"
+    if self._cuda:
+      owned.function(SOURCE, "keyed_hash", device, _WHAT)  # Compiled and loaded now, not inside a budget.
 
   def __call__(self, tensors, key: int) -> torch.Tensor:
     tensors = list(tensors)
@@ -87,15 +81,16 @@ class KeyedHash:
       w = _words(t)
       if w.numel() == 0:
         continue
-      if self._func is None:
+      if not self._cuda:
         idx = torch.arange(w.numel(), dtype=torch.int64, device=w.device) + _signed(key)
         out[j] = (_mix(idx) * (w.to(torch.int64) & 0xFFFFFFFF)).sum()
       else:
-        self._launch(w, key, out, j)
+        owned.launch(SOURCE, hash_call(w, key, out, j), self.device, _MAX_BLOCKS, _WHAT)
     return out
 
-  def _launch(self, w: torch.Tensor, key: int, out: torch.Tensor, j: int) -> None:
-    n = w.numel()
-    owned.launch(self._func, self.device, n,
-                 [ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(n), ctypes.c_uint64(key & ((1 << 64) - 1)),
-                  ctypes.c_uint64(out.data_ptr() + 8 * j)], _MAX_BLOCKS)
+
+def hash_call(w: torch.Tensor, key: int, out: torch.Tensor, j: int) -> owned.Call:
+  """The keyed_hash launch adding the hash of the int32 words w under `key` into out[j] (int64)."""
+  n = w.numel()
+  return owned.Call("keyed_hash", n, [ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(n),
+                                      ctypes.c_uint64(key & ((1 << 64) - 1)), ctypes.c_uint64(out.data_ptr() + 8 * j)])

@@ -283,13 +283,30 @@ extern "C" __global__ void keyed_xor(const unsigned char* src, unsigned char* ds
 _MAX_BLOCKS = 8192
 
 
+_WHAT = "the keyed draw kernels"
+
+
 def prepare(device: torch.device) -> None:
   """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
-  _function(device, "keyed_draw")
+  owned.function(_SOURCE, "keyed_draw", device, _WHAT)
 
 
-def _function(device: torch.device, name: str):
-  return owned.function(_SOURCE, name, device, "the keyed draw kernels")
+def draw_call(x: torch.Tensor, y: torch.Tensor, factory: str, ka: int, kb: int) -> owned.Call:
+  """The keyed_draw launch writing the draw of (ka, kb) into x and y (one thread per element quad)."""
+  n = x.numel()
+  return owned.Call("keyed_draw", (n + 3) // 4,
+                    [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(n),
+                     ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(factory == "randn"),
+                     ctypes.c_int32(DTYPES[x.dtype])])
+
+
+def xor_call(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> owned.Call:
+  """The keyed_xor launch: 8-byte words where both views are 8-byte aligned (one thread per word), else bytes."""
+  n = dst.numel()
+  words = src.data_ptr() % 8 == 0 and dst.data_ptr() % 8 == 0
+  return owned.Call("keyed_xor", -(-n // 8) if words else n,
+                    [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(n),
+                     ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(int(words))])
 
 
 def supported(factory: str, dtype: torch.dtype) -> bool:
@@ -319,10 +336,7 @@ def write(plan, key: int, pairs) -> None:
     align = 16 if x.dtype == torch.float32 else 8
     if x.data_ptr() % align or y.data_ptr() % align:
       raise ValueError(f"tensor {j}: keyed draws need {align}-byte aligned tensors")
-    owned.launch(_function(x.device, "keyed_draw"), x.device, (n + 3) // 4,
-                 [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(y.data_ptr()), ctypes.c_uint64(n),
-                  ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(factory == "randn"),
-                  ctypes.c_int32(DTYPES[x.dtype])], _MAX_BLOCKS)
+    owned.launch(_SOURCE, draw_call(x, y, factory, ka, kb), x.device, _MAX_BLOCKS, _WHAT)
 
 
 def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
@@ -338,7 +352,4 @@ def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
     torch.bitwise_xor(src, stream, out=dst)
     stream.zero_()
     return
-  words = src.data_ptr() % 8 == 0 and dst.data_ptr() % 8 == 0
-  owned.launch(_function(dst.device, "keyed_xor"), dst.device, -(-n // 8) if words else n,
-               [ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(n),
-                ctypes.c_uint64(ka), ctypes.c_uint64(kb), ctypes.c_int32(int(words))], _MAX_BLOCKS)
+  owned.launch(_SOURCE, xor_call(src, dst, ka, kb), dst.device, _MAX_BLOCKS, _WHAT)

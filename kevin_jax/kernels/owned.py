@@ -5,11 +5,20 @@ and a grid-stride loop past a block cap. Not the candidates' kernels (runner.py 
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
 THREADS = 256
 _loaded: dict = {}  # (source, CUDA device index) -> (module, {name: function}).
+
+
+class Call(NamedTuple):
+  """One launch of an owned kernel: its name, the items (one thread each) and its arguments (ctypes values in the
+  kernel's parameter order; pointers as c_uint64 addresses). The tests run the same calls in the CPU emulator."""
+  kernel: str
+  items: int
+  args: list
 
 
 def function(source: str, name: str, device: torch.device, what: str):
@@ -37,10 +46,11 @@ def blocks(items: int, max_blocks: int) -> int:
   return max(1, min(max_blocks, -(-items // THREADS)))
 
 
-def launch(func, device: torch.device, items: int, args: list, max_blocks: int) -> None:
-  """One launch of `func` with `args` (ctypes values, in the kernel's parameter order) on `device`'s current
-  stream: THREADS threads per block, enough blocks for `items` threads, at most `max_blocks`."""
+def launch(source: str, call: Call, device: torch.device, max_blocks: int, what: str) -> None:
+  """`call` of a kernel of `source` (compiled by `function` on first use) on `device`'s current stream: THREADS
+  threads per block, enough blocks for `call.items` threads, at most `max_blocks`."""
   from cupy_backends.cuda.api import driver  # pylint: disable=g-import-not-at-top
-  params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
-  driver.launchKernel(func.ptr, blocks(items, max_blocks), 1, 1, THREADS, 1, 1, 0,
+  func = function(source, call.kernel, device, what)
+  params = (ctypes.c_void_p * len(call.args))(*[ctypes.addressof(v) for v in call.args])
+  driver.launchKernel(func.ptr, blocks(call.items, max_blocks), 1, 1, THREADS, 1, 1, 0,
                       torch.cuda.current_stream(device).cuda_stream, ctypes.addressof(params), 0)

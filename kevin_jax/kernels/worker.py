@@ -129,7 +129,7 @@ class GpuWorker:
     self.tasks: "collections.OrderedDict[tuple, TaskState]" = collections.OrderedDict()
     seed = settings.get("seed", -1)
     self.secret = random.Random(seed) if seed is not None and seed >= 0 else random.SystemRandom()
-    self.hasher = KeyedHash(self.device, f"sm_{props.major}{props.minor}")
+    self.hasher = KeyedHash(self.device)
     closeness.prepare(self.device)
     keyed_draw.prepare(self.device)
     self.budget_end = float("inf")  # Wall deadline of the evaluation in progress (time.monotonic()).
