@@ -18,7 +18,7 @@ import tempfile
 
 from absl import logging
 
-from kevin_jax.kernels import hygiene, tasks as tasks_lib
+from kevin_jax.kernels import compile as compile_lib, hygiene, tasks as tasks_lib
 
 MODES = ("auto", "on", "off")
 REPORT_NAME = "task_hygiene"  # workdir/task_hygiene.md and .csv
@@ -36,10 +36,9 @@ def enabled(config, source: str) -> bool:
 
 
 def cache_root(config) -> str:
-  """evaluator.cache_dir, or ~/.cache/kevin_jax/evaluator (XDG_CACHE_HOME): where job-independent records live."""
-  base = config.evaluator.cache_dir or os.path.join(
-      os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "kevin_jax", "evaluator")
-  return os.path.abspath(base)
+  """evaluator.cache_dir, or the evaluator's default (~/.cache/kevin_jax/evaluator under XDG_CACHE_HOME): where
+  job-independent records live."""
+  return os.path.abspath(config.evaluator.cache_dir or compile_lib.default_cache_dir())
 
 
 def cache_dir(config) -> str:

@@ -13,24 +13,9 @@ import torch
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import closeness
 from kevin_jax.kernels import compile as compile_mod
-from tests.host_build import host_library
+from tests.host_build import DEVICE_PRELUDE, host_library
 
 ATOL, RTOL = 1e-4, 1e-4
-_HOST = r"""
-#include <cmath>
-#include <cstring>
-#define __device__
-#define __forceinline__ inline
-static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
-static inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &d, 8); return i; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline double __dsub_rn(double a, double b) { return a - b; }
-static inline double __dadd_rn(double a, double b) { return a + b; }
-static inline double __dmul_rn(double a, double b) { return a * b; }
-using std::fabs;
-"""
 _WRAP = r"""
 extern "C" void rule_f32(const float* a, const float* r, long n, float atol, float rtol, unsigned char* bad) {
   for (long i = 0; i < n; ++i) bad[i] = bad_f32(a[i], r[i], atol, rtol);
@@ -61,7 +46,7 @@ def _tricky(dtype) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def host_rule(tmp_path_factory):
-  return host_library(tmp_path_factory, "rule", _HOST + closeness.RULE + _WRAP, "-O1")
+  return host_library(tmp_path_factory, "rule", DEVICE_PRELUDE + closeness.RULE + _WRAP, "-O1")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -18,7 +18,7 @@ import torch
 from kevin_jax.kernels import buffers as B
 from kevin_jax.kernels import compile as compile_mod
 from kevin_jax.kernels import keyed_draw as K
-from tests.host_build import host_library
+from tests.host_build import DEVICE_PRELUDE, host_library
 
 N = 2**21
 KS_CRITICAL = 1.949  # sqrt(n) x the Kolmogorov-Smirnov statistic's 0.1 % critical value (large n).
@@ -101,19 +101,6 @@ def test_write_fills_both_tensors_with_the_values_on_the_cpu():
     K.write(("randn",), 1, [(torch.empty(4, 4).t(), torch.empty(4, 4))])
 
 
-_HOST = r"""
-#include <cmath>
-#include <cstring>
-#define __device__
-#define __forceinline__ inline
-static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
-static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-"""
 _WRAP = r"""
 extern "C" void hash_words(unsigned long long first, long count, unsigned long long ka, unsigned long long kb,
                            unsigned long long* out) {
@@ -128,7 +115,7 @@ extern "C" void pairs(unsigned long long first, long count, unsigned long long k
 
 @pytest.fixture(scope="module")
 def host_formula(tmp_path_factory):
-  return host_library(tmp_path_factory, "formula", _HOST + K.FORMULA + _WRAP, "-O2", "-fno-fast-math")
+  return host_library(tmp_path_factory, "formula", DEVICE_PRELUDE + K.FORMULA + _WRAP, "-O2", "-fno-fast-math")
 
 
 @pytest.mark.parametrize("factory", K.FACTORIES)
