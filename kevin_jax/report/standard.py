@@ -192,6 +192,7 @@ def _plot(report: dict, path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top,unused-import
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   k = report["trajectories"]
   for g in report["groups"]:
@@ -203,6 +204,9 @@ def _plot(report: dict, path: str) -> None:
   axes[0].legend(fontsize=7)
   axes[1].set_xlabel("turns")
   axes[1].set_ylabel(f"perf best@{k}")
+  axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  for ax in axes:  # Shares and speedups: never below zero (an all-zero report would centre its axis on 0).
+    ax.set_ylim(bottom=0)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
