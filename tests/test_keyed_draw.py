@@ -156,7 +156,7 @@ def _host_values(lib, factory, n, key):
 
 
 def test_nvrtc_accepts_the_kernel():
-  res = compile_mod.compile_cuda(K._SOURCE, "sm_90", cache_dir="")  # pylint: disable=protected-access
+  res = compile_mod.compile_cuda(K.SOURCE, "sm_90", cache_dir="")
   assert res.ok, res.log
 
 

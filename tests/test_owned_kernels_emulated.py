@@ -34,7 +34,7 @@ __device__ unsigned short emu_f16(float v, int toward_zero) {
 
 def _keyed_source() -> str:
   src, count = re.subn(r"if \(toward_zero\) asm\(.*?\);\s*else asm\(.*?\);", "h = emu_f16(v, toward_zero);",
-                       K._SOURCE, flags=re.S)  # pylint: disable=protected-access
+                       K.SOURCE, flags=re.S)
   assert count == 1
   return _F16 + src
 

@@ -222,7 +222,7 @@ __device__ __forceinline__ void kd_pair(unsigned long long p, unsigned long long
   *hi = __fmul_rn(r, sin_t);
 }}
 """
-_SOURCE = FORMULA + r"""
+SOURCE = FORMULA + r"""
 __device__ __forceinline__ unsigned int kd_narrow(float v, int dtype, int toward_zero) {
   unsigned short h;
   if (dtype == 1) {
@@ -281,14 +281,12 @@ extern "C" __global__ void keyed_xor(const unsigned char* src, unsigned char* ds
 }
 """
 _MAX_BLOCKS = 8192
-
-
 _WHAT = "the keyed draw kernels"
 
 
 def prepare(device: torch.device) -> None:
   """Compiles and loads the kernels for a CUDA device now (a GPU worker does it at start-up, not in a budget)."""
-  owned.function(_SOURCE, "keyed_draw", device, _WHAT)
+  owned.function(SOURCE, "keyed_draw", device, _WHAT)
 
 
 def draw_call(x: torch.Tensor, y: torch.Tensor, factory: str, ka: int, kb: int) -> owned.Call:
@@ -336,7 +334,7 @@ def write(plan, key: int, pairs) -> None:
     align = 16 if x.dtype == torch.float32 else 8
     if x.data_ptr() % align or y.data_ptr() % align:
       raise ValueError(f"tensor {j}: keyed draws need {align}-byte aligned tensors")
-    owned.launch(_SOURCE, draw_call(x, y, factory, ka, kb), x.device, _MAX_BLOCKS, _WHAT)
+    owned.launch(SOURCE, draw_call(x, y, factory, ka, kb), x.device, _MAX_BLOCKS, _WHAT)
 
 
 def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
@@ -352,4 +350,4 @@ def xor_stream(src: torch.Tensor, dst: torch.Tensor, ka: int, kb: int) -> None:
     torch.bitwise_xor(src, stream, out=dst)
     stream.zero_()
     return
-  owned.launch(_SOURCE, xor_call(src, dst, ka, kb), dst.device, _MAX_BLOCKS, _WHAT)
+  owned.launch(SOURCE, xor_call(src, dst, ka, kb), dst.device, _MAX_BLOCKS, _WHAT)

@@ -192,7 +192,7 @@ def _plot(report: dict, path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  import matplotlib.ticker  # pylint: disable=g-import-not-at-top,unused-import
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   k = report["trajectories"]
   for g in report["groups"]:
@@ -204,7 +204,7 @@ def _plot(report: dict, path: str) -> None:
   axes[0].legend(fontsize=7)
   axes[1].set_xlabel("turns")
   axes[1].set_ylabel(f"perf best@{k}")
-  axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  axes[1].xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
   for ax in axes:  # Shares and speedups: never below zero (an all-zero report would centre its axis on 0).
     ax.set_ylim(bottom=0)
   fig.tight_layout()
