@@ -8,8 +8,9 @@
 Each writes Markdown (ready for a README "Results" section), CSV and a PNG into the sweep's folder.
 
 A run's before/after evaluations come from one RL job (run/eval_metrics.jsonl, step 0 and the last step;
-run/eval_rollouts/step_NNNNNN_<split>.jsonl) or from a job split into phases (run/before and run/after, each a
-total_steps=0 job: their step-0 records). No GPU, no policy: reads the recorded metrics and results only.
+run/eval_rollouts/step_NNNNNN_<split>.jsonl) or from a job split into phases: run/before (a total_steps=0 job: its
+step-0 records) and either run/after (the same for the trained export) or the RL phase's own closing evaluation
+(run/rl/eval_metrics.jsonl, its last step; an RL phase run with evaluation.in_training_first=False). No GPU, no policy: reads the recorded metrics and results only.
 """
 
 from __future__ import annotations
@@ -57,16 +58,29 @@ def evaluations(run_dir: str) -> dict[str, dict] | None:
     pairs = [(recs[0], os.path.join(run_dir, "eval_rollouts", "step_000000")),
              (recs[last], os.path.join(run_dir, "eval_rollouts", f"step_{last:06d}"))]
   else:
-    paths = [os.path.join(run_dir, phase, "eval_metrics.jsonl") for phase in ("before", "after")]
-    if not all(os.path.isfile(p) for p in paths):
+    before = os.path.join(run_dir, "before", "eval_metrics.jsonl")
+    after = os.path.join(run_dir, "after", "eval_metrics.jsonl")
+    rl_evals = os.path.join(run_dir, "rl", "eval_metrics.jsonl")
+    if not os.path.isfile(before):
       return None
-    recs = [read_metrics(p) for p in paths]
-    if any(0 not in r for r in recs):
+    b = read_metrics(before)
+    if 0 not in b:
       return None
     rl = os.path.join(run_dir, "rl", "metrics.jsonl")
     last = max(read_metrics(rl)) if os.path.isfile(rl) else -1
-    pairs = [(r[0], os.path.join(run_dir, phase, "eval_rollouts", "step_000000"))
-             for r, phase in zip(recs, ("before", "after"))]
+    if os.path.isfile(after):  # A total_steps=0 job of the trained export.
+      a, a_step, a_dir = read_metrics(after), 0, "after"
+    elif os.path.isfile(rl_evals):  # The RL phase's own closing evaluation (evaluation.in_training_first=False).
+      a = read_metrics(rl_evals)
+      a_step, a_dir = (max(a) if a else 0), "rl"
+      if a_step == 0:
+        return None
+    else:
+      return None
+    if a_step not in a:
+      return None
+    pairs = [(b[0], os.path.join(run_dir, "before", "eval_rollouts", "step_000000")),
+             (a[a_step], os.path.join(run_dir, a_dir, "eval_rollouts", f"step_{a_step:06d}"))]
   splits = sorted({k.split("/", 1)[0] for k in pairs[0][0] if "/" in k})
   out = {}
   for split in splits:

@@ -91,6 +91,24 @@ def test_world_collect_main_result_with_seeds_mean(tmp_path):
   assert (root / "world" / "main_result.png").stat().st_size > 0
 
 
+def test_phases_whose_rl_phase_evaluates_its_end(tmp_path):
+  """before/ (a step-0 record) and rl/ with its own closing evaluation at its last step (no after/): that pair."""
+  run = tmp_path / "s0"
+  _write(str(run / "before" / "eval_metrics.jsonl"),
+         [{"step": 0, **{f"heldout_compositions/{k}": v for k, v in _metrics(0.4, 0.5, 0.0).items()}}])
+  _write(str(run / "before" / "eval_rollouts" / "step_000000_heldout_compositions.jsonl"),
+         _turns({"a": [0.0, 1.0], "b": [1.0, 1.0]}, 0))
+  assert world_tables.evaluations(str(run)) is None  # No evaluation of the trained policy yet.
+  _write(str(run / "rl" / "metrics.jsonl"), [{"step": s, "reward/mean": 0.1} for s in range(1, 8)])
+  _write(str(run / "rl" / "eval_metrics.jsonl"),
+         [{"step": 7, **{f"heldout_compositions/{k}": v for k, v in _metrics(0.9, 1.0, 0.5).items()}}])
+  _write(str(run / "rl" / "eval_rollouts" / "step_000007_heldout_compositions.jsonl"),
+         _turns({"a": [1.0, 1.0], "b": [1.0, 2.0]}, 7))
+  e = world_tables.evaluations(str(run))["heldout_compositions"]
+  assert e["step"] == 7 and e["before"]["kernel/score_mean"] == 0.4 and e["after"]["kernel/score_mean"] == 0.9
+  assert world_tables.paired_change(e["rows_before"], e["rows_after"], "score")[:2] == pytest.approx((0.5, 0.0))
+
+
 def test_ablation_collect_has_no_seeds_mean(tmp_path):
   root = tmp_path / "sweeps"
   for run, after in (("grpo", 0.9), ("trloo", 1.3)):
