@@ -137,6 +137,8 @@ def collect(sweep: str, root: str, last: int) -> list[dict]:
   rows, curves = [], {}
   for name, _, _ in SWEEPS[sweep]:
     path = os.path.join(root, sweep, name, "metrics.jsonl")
+    if not os.path.isfile(path):  # A job in phases (world_tables' layouts): its RL phase's metrics.
+      path = os.path.join(root, sweep, name, "rl", "metrics.jsonl")
     if not os.path.isfile(path):
       rows.append({"run": name, "steps": 0})
       continue

@@ -200,10 +200,12 @@ def _plot_main(rows: list[dict], splits: list[str], path: str) -> None:
       for split in splits:
         r = next((x for x in rows if x["split"] == split and x["run"] == run), None)
         vals.append(r[f"{key}/{when}"] if r else float("nan"))
-        err = r.get(f"{key}/{when}_se", float("nan")) if r else float("nan")
-        errs.append(0.0 if math.isnan(err) else err)
-      ax.bar([i + width * j for i in range(len(splits))], vals, width=width, yerr=errs, capsize=3,
-             label=f"{when} RL" if means else f"{run}, {when}")
+        errs.append(r.get(f"{key}/{when}_se", float("nan")) if r else float("nan"))
+      xs = [i + width * j for i in range(len(splits))]
+      ax.bar(xs, vals, width=width, label=f"{when} RL" if means else f"{run}, {when}")
+      spread = [(x, v, e) for x, v, e in zip(xs, vals, errs) if not math.isnan(e)]  # One run: no bars of spread.
+      if spread:
+        ax.errorbar(*zip(*spread), fmt="none", ecolor="black", capsize=3)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(splits))], splits, rotation=20, fontsize=8)
     ax.set_ylabel(label)
   axes[0].legend(fontsize=7)

@@ -67,7 +67,8 @@ def test_world_collect_main_result_with_seeds_mean(tmp_path):
          _turns({"a": [1.0, 1.0], "b": [1.0, 1.0]}, 0))
   _write(str(s1 / "rl" / "metrics.jsonl"), [{"step": s, "reward/mean": 0.1} for s in (1, 2, 3)])
   rows = sweep.collect("world", str(root), last=2)
-  assert [r["run"] for r in rows] == ["s0", "s1"]  # The RL curves' table: one row per run.
+  assert [r["run"] for r in rows] == ["s0", "s1"]  # The RL curves' table: one row per run ...
+  assert [r["steps"] for r in rows] == [0, 3]  # ... s1's from its RL phase (s0 wrote no metrics.jsonl here).
   main = list(csv.DictReader(open(root / "world" / "main_result.csv")))
   by_run = {r["run"]: r for r in main}
   assert set(by_run) == {"s0", "s1", "mean"} and by_run["s0"]["step"] == "12" and by_run["s1"]["step"] == "3"
