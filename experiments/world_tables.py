@@ -10,7 +10,8 @@ Each writes Markdown (ready for a README "Results" section), CSV and a PNG into 
 A run's before/after evaluations come from one RL job (run/eval_metrics.jsonl, step 0 and the last step;
 run/eval_rollouts/step_NNNNNN_<split>.jsonl) or from a job split into phases: run/before (a total_steps=0 job: its
 step-0 records) and either run/after (the same for the trained export) or the RL phase's own closing evaluation
-(run/rl/eval_metrics.jsonl, its last step; an RL phase run with evaluation.in_training_first=False). No GPU, no policy: reads the recorded metrics and results only.
+(run/rl/eval_metrics.jsonl, its last step; an RL phase run with evaluation.in_training_first=False). No GPU, no
+policy: reads the recorded metrics and results only.
 """
 
 from __future__ import annotations
@@ -69,15 +70,14 @@ def evaluations(run_dir: str) -> dict[str, dict] | None:
     rl = os.path.join(run_dir, "rl", "metrics.jsonl")
     last = max(read_metrics(rl)) if os.path.isfile(rl) else -1
     if os.path.isfile(after):  # A total_steps=0 job of the trained export.
-      a, a_step, a_dir = read_metrics(after), 0, "after"
+      a_dir, a = "after", read_metrics(after)
+      a_step = 0
     elif os.path.isfile(rl_evals):  # The RL phase's own closing evaluation (evaluation.in_training_first=False).
-      a = read_metrics(rl_evals)
-      a_step, a_dir = (max(a) if a else 0), "rl"
-      if a_step == 0:
-        return None
+      a_dir, a = "rl", read_metrics(rl_evals)
+      a_step = max(a, default=0)
     else:
       return None
-    if a_step not in a:
+    if a_step not in a or (a_dir == "rl" and a_step == 0):  # No trained policy's evaluation yet.
       return None
     pairs = [(b[0], os.path.join(run_dir, "before", "eval_rollouts", "step_000000")),
              (a[a_step], os.path.join(run_dir, a_dir, "eval_rollouts", f"step_{a_step:06d}"))]
